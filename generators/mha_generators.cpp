@@ -1,0 +1,213 @@
+// Halide generators: the whole forward pass, and one small generator per stage so that tests can
+// check each stage alone. Algorithms come from mha_stages.h / mha_forward.h; schedules from
+// schedules/.
+#include "Halide.h"
+#include "cpu_schedule.h"
+#include "mha_forward.h"
+
+namespace {
+
+using namespace Halide;
+using mha::MaskKind;
+
+const std::map<std::string, MaskKind> kMaskKinds = {
+    {"none", MaskKind::none}, {"keep", MaskKind::keep}, {"block", MaskKind::block}};
+
+// The mask may broadcast along any dimension through zero strides, keys included.
+void allow_mask_broadcast(GeneratorInput<Buffer<uint8_t, 4>> &mask) { mask.dim(0).set_stride(Expr()); }
+
+class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
+public:
+    GeneratorParam<MaskKind> mask_kind{"mask_kind", MaskKind::none, kMaskKinds};
+    GeneratorParam<bool> return_weights{"return_weights", false};
+
+    Input<Buffer<float, 3>> query{"query"};  // (e, sq, b)
+    Input<Buffer<float, 3>> key{"key"};      // (e, sk, b)
+    Input<Buffer<float, 3>> value{"value"};  // (e, sk, b)
+    Input<Buffer<float, 2>> q_weight_t{"q_weight_t"};
+    Input<Buffer<float, 1>> q_bias{"q_bias"};
+    Input<Buffer<float, 2>> k_weight_t{"k_weight_t"};
+    Input<Buffer<float, 1>> k_bias{"k_bias"};
+    Input<Buffer<float, 2>> v_weight_t{"v_weight_t"};
+    Input<Buffer<float, 1>> v_bias{"v_bias"};
+    Input<Buffer<float, 2>> out_weight_t{"out_weight_t"};
+    Input<Buffer<float, 1>> out_bias{"out_bias"};
+    Input<int> num_heads{"num_heads", 1};
+    Input<Buffer<uint8_t, 4>> *mask = nullptr;  // (j, i, h, b), only for keep / block masks
+
+    Output<Buffer<float, 3>> output{"output"};      // (e, sq, b)
+    Output<Buffer<float, 4>> *weights = nullptr;    // (j, i, h, b), only when requested
+
+    void configure() {
+        if (mask_kind != MaskKind::none) {
+            mask = add_input<Buffer<uint8_t, 4>>("mask");
+        }
+        if (return_weights) {
+            weights = add_output<Buffer<float, 4>>("weights");
+        }
+    }
+
+    void generate() {
+        mha::ForwardInputs in;
+        in.query = query;
+        in.key = key;
+        in.value = value;
+        in.q_weight_t = q_weight_t;
+        in.k_weight_t = k_weight_t;
+        in.v_weight_t = v_weight_t;
+        in.out_weight_t = out_weight_t;
+        in.q_bias = q_bias;
+        in.k_bias = k_bias;
+        in.v_bias = v_bias;
+        in.out_bias = out_bias;
+        if (mask) {
+            allow_mask_broadcast(*mask);
+            in.mask = *mask;
+        }
+        in.mask_kind = mask_kind;
+        in.embed_dim = query.dim(0).extent();
+        in.num_heads = num_heads;
+        in.num_keys = key.dim(1).extent();
+        stages_ = mha::define_forward(in);
+        output = stages_.out_proj.result;
+        if (weights) {
+            *weights = stages_.softmax.weights;
+        }
+    }
+
+    void schedule() {
+        mha::cpu::schedule_forward(stages_, return_weights, get_target());
+    }
+
+private:
+    mha::ForwardStages stages_;
+};
+
+// --- One generator per stage, for tests of each stage alone. ---
+
+// Vectorizes the innermost dimension and parallelizes the outermost of a stage's output.
+void schedule_stage_output(Func f, const Target &target) {
+    std::vector<Var> args = f.args();
+    const int vec = target.natural_vector_size<float>();
+    f.compute_root().parallel(args.back()).vectorize(args.front(), vec, TailStrategy::GuardWithIf);
+}
+
+class LinearProjectionStage : public Generator<LinearProjectionStage> {
+public:
+    Input<Buffer<float, 3>> x{"x"};
+    Input<Buffer<float, 2>> weight_t{"weight_t"};
+    Input<Buffer<float, 1>> bias{"bias"};
+    Output<Buffer<float, 3>> y{"y"};
+
+    void generate() {
+        projection_ = mha::linear_projection(v_, x, weight_t, bias, x.dim(0).extent(), "projection");
+        y = projection_.result;
+    }
+    void schedule() {
+        mha::cpu::schedule_projection(v_, projection_, get_target().natural_vector_size<float>(),
+                                      {});
+    }
+
+private:
+    mha::StageVars v_;
+    mha::Projection projection_;
+};
+
+class SplitHeadsStage : public Generator<SplitHeadsStage> {
+public:
+    Input<Buffer<float, 3>> x{"x"};
+    Input<int> num_heads{"num_heads", 1};
+    Output<Buffer<float, 4>> heads{"heads"};
+
+    void generate() {
+        heads = mha::split_heads(v_, x, x.dim(0).extent() / num_heads, "heads");
+    }
+    void schedule() { schedule_stage_output(heads, get_target()); }
+
+private:
+    mha::StageVars v_;
+};
+
+class ScaledScoresStage : public Generator<ScaledScoresStage> {
+public:
+    Input<Buffer<float, 4>> q_heads{"q_heads"};
+    Input<Buffer<float, 4>> k_heads{"k_heads"};
+    Output<Buffer<float, 4>> scores{"scores"};
+
+    void generate() {
+        scores = mha::scaled_scores(v_, q_heads, k_heads, q_heads.dim(0).extent()).result;
+    }
+    void schedule() { schedule_stage_output(scores, get_target()); }
+
+private:
+    mha::StageVars v_;
+};
+
+class MaskedSoftmaxStage : public Generator<MaskedSoftmaxStage> {
+public:
+    GeneratorParam<MaskKind> mask_kind{"mask_kind", MaskKind::none, kMaskKinds};
+    Input<Buffer<float, 4>> scores{"scores"};
+    Input<Buffer<uint8_t, 4>> *mask = nullptr;
+    Output<Buffer<float, 4>> weights{"weights"};
+
+    void configure() {
+        if (mask_kind != MaskKind::none) {
+            mask = add_input<Buffer<uint8_t, 4>>("mask");
+        }
+    }
+    void generate() {
+        Func mask_func;
+        if (mask) {
+            allow_mask_broadcast(*mask);
+            mask_func = *mask;
+        }
+        softmax_ = mha::masked_softmax(v_, scores, mask_func, mask_kind, scores.dim(0).extent());
+        weights = softmax_.weights;
+    }
+    void schedule() {
+        schedule_stage_output(weights, get_target());
+        softmax_.row_max.compute_root();
+        softmax_.row_sum.compute_root();
+    }
+
+private:
+    mha::StageVars v_;
+    mha::MaskedSoftmax softmax_;
+};
+
+class AttendValuesStage : public Generator<AttendValuesStage> {
+public:
+    Input<Buffer<float, 4>> weights{"weights"};
+    Input<Buffer<float, 4>> v_heads{"v_heads"};
+    Output<Buffer<float, 4>> context{"context"};
+
+    void generate() {
+        context = mha::attend_values(v_, weights, v_heads, weights.dim(0).extent()).result;
+    }
+    void schedule() { schedule_stage_output(context, get_target()); }
+
+private:
+    mha::StageVars v_;
+};
+
+class MergeHeadsStage : public Generator<MergeHeadsStage> {
+public:
+    Input<Buffer<float, 4>> heads{"heads"};
+    Output<Buffer<float, 3>> merged{"merged"};
+
+    void generate() { merged = mha::merge_heads(v_, heads, heads.dim(0).extent()); }
+    void schedule() { schedule_stage_output(merged, get_target()); }
+
+private:
+    mha::StageVars v_;
+};
+
+}  // namespace
+
+HALIDE_REGISTER_GENERATOR(MultiHeadAttentionForward, mha_forward)
+HALIDE_REGISTER_GENERATOR(LinearProjectionStage, mha_linear_projection)
+HALIDE_REGISTER_GENERATOR(SplitHeadsStage, mha_split_heads)
+HALIDE_REGISTER_GENERATOR(ScaledScoresStage, mha_scaled_scores)
+HALIDE_REGISTER_GENERATOR(MaskedSoftmaxStage, mha_masked_softmax)
+HALIDE_REGISTER_GENERATOR(AttendValuesStage, mha_attend_values)
+HALIDE_REGISTER_GENERATOR(MergeHeadsStage, mha_merge_heads)

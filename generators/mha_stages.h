@@ -1,0 +1,122 @@
+// The multi-head attention algorithm as Halide stages: what is computed, never how.
+//
+// Layout convention. Halide lists dimensions innermost first, so a PyTorch row-major tensor
+// [B, S, E] is the Halide function (e, s, b), and [B, H, S, d] is (c, s, h, b) with c the
+// position inside a head. Weights arrive prepacked by the runtime as Wᵀ: (out, in) with the
+// output feature innermost, so a projection reads contiguous weight rows.
+#pragma once
+
+#include "Halide.h"
+
+namespace mha {
+
+enum class MaskKind { none, keep, block };
+
+// The pure variables every stage is written in; schedules refer to the same objects.
+struct StageVars {
+    Halide::Var e{"e"};  // embedding feature
+    Halide::Var s{"s"};  // sequence position (query or key)
+    Halide::Var b{"b"};  // batch
+    Halide::Var c{"c"};  // feature inside one head
+    Halide::Var h{"h"};  // head
+    Halide::Var i{"i"};  // query position
+    Halide::Var j{"j"};  // key position
+};
+
+// The score a blocked position gets, as in the seed (masked_fill(mask == 0, -1e9)): a fully
+// masked row then has equal scores everywhere and softmax gives uniform weights, never NaN.
+inline constexpr float kMaskedScore = -1e9f;
+
+// y(e, s, b) = bias(e) + sum_k x(k, s, b) * weight_t(e, k): nn.Linear with Wᵀ prepacked.
+struct Projection {
+    Halide::Func result;
+    Halide::RDom k;
+};
+inline Projection linear_projection(const StageVars &v, const Halide::Func &x,
+                                    const Halide::Func &weight_t, const Halide::Func &bias,
+                                    const Halide::Expr &in_features, const std::string &name) {
+    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k")};
+    p.result(v.e, v.s, v.b) = bias(v.e);
+    p.result(v.e, v.s, v.b) += x(p.k, v.s, v.b) * weight_t(v.e, p.k);
+    return p;
+}
+
+// [B, S, E] -> [B, H, S, d]: feature h*d + c of token s becomes feature c of head h.
+inline Halide::Func split_heads(const StageVars &v, const Halide::Func &x,
+                                const Halide::Expr &head_dim, const std::string &name) {
+    Halide::Func heads(name);
+    heads(v.c, v.s, v.h, v.b) = x(v.h * head_dim + v.c, v.s, v.b);
+    return heads;
+}
+
+// scores(j, i, h, b) = (q_i · k_j) / sqrt(d), over the d features of head h.
+struct ScaledScores {
+    Halide::Func dot;     // unscaled q·kᵀ, the reduction
+    Halide::Func result;  // dot / sqrt(d)
+    Halide::RDom c;
+};
+inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
+                                  const Halide::Func &k_heads, const Halide::Expr &head_dim) {
+    ScaledScores s{Halide::Func("qk_dot"), Halide::Func("scaled_scores"),
+                   Halide::RDom(0, head_dim, "scores_c")};
+    s.dot(v.j, v.i, v.h, v.b) = 0.0f;
+    s.dot(v.j, v.i, v.h, v.b) += q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, v.h, v.b);
+    Halide::Expr scale = 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
+    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * scale;
+    return s;
+}
+
+// Softmax over keys of the masked scores, subtracting the row maximum for range safety.
+struct MaskedSoftmax {
+    Halide::Func masked;   // scores with blocked positions set to kMaskedScore
+    Halide::Func row_max;  // max over keys
+    Halide::Func exps;     // exp(masked - row_max)
+    Halide::Func row_sum;  // sum over keys of exps
+    Halide::Func weights;  // exps / row_sum
+    Halide::RDom max_j, sum_j;
+};
+// `mask` is read only for keep (0 = blocked, the PyTorch article) and block (nonzero = blocked,
+// the TF article's 1 = blocked) kinds; broadcasting is done by the caller's zero strides.
+inline MaskedSoftmax masked_softmax(const StageVars &v, const Halide::Func &scores,
+                                    const Halide::Func &mask, MaskKind kind,
+                                    const Halide::Expr &num_keys) {
+    using namespace Halide;
+    MaskedSoftmax m{Func("masked_scores"), Func("row_max"), Func("exps"), Func("row_sum"),
+                    Func("masked_softmax"), RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
+    Expr score = scores(v.j, v.i, v.h, v.b);
+    if (kind == MaskKind::none) {
+        m.masked(v.j, v.i, v.h, v.b) = score;
+    } else {
+        Expr flag = mask(v.j, v.i, v.h, v.b);
+        Expr blocked = kind == MaskKind::keep ? flag == 0 : flag != 0;
+        m.masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
+    }
+    m.row_max(v.i, v.h, v.b) = maximum(m.masked(m.max_j, v.i, v.h, v.b));
+    m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+    m.row_sum(v.i, v.h, v.b) = sum(m.exps(m.sum_j, v.i, v.h, v.b));
+    m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) / m.row_sum(v.i, v.h, v.b);
+    return m;
+}
+
+// context(c, i, h, b) = sum_j weights(j, i, h, b) * v(c, j, h, b): [B, H, Sq, d].
+struct AttendValues {
+    Halide::Func result;
+    Halide::RDom j;
+};
+inline AttendValues attend_values(const StageVars &v, const Halide::Func &weights,
+                                  const Halide::Func &v_heads, const Halide::Expr &num_keys) {
+    AttendValues a{Halide::Func("attend_values"), Halide::RDom(0, num_keys, "values_j")};
+    a.result(v.c, v.i, v.h, v.b) = 0.0f;
+    a.result(v.c, v.i, v.h, v.b) += weights(a.j, v.i, v.h, v.b) * v_heads(v.c, a.j, v.h, v.b);
+    return a;
+}
+
+// [B, H, S, d] -> [B, S, E]: the inverse of split_heads.
+inline Halide::Func merge_heads(const StageVars &v, const Halide::Func &heads,
+                                const Halide::Expr &head_dim) {
+    Halide::Func merged("merge_heads");
+    merged(v.e, v.s, v.b) = heads(v.e % head_dim, v.s, v.e / head_dim, v.b);
+    return merged;
+}
+
+}  // namespace mha

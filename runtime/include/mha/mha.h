@@ -1,0 +1,82 @@
+// mha: multi-head attention with ahead-of-time compiled Halide kernels.
+//
+// Semantics are those of torch.nn.MultiheadAttention without dropout (the seed's PyTorch module):
+//   Q = query·Wqᵀ + bq, K = key·Wkᵀ + bk, V = value·Wvᵀ + bv          [B, S, E]
+//   split into H heads of d = E / H                                     [B, H, S, d]
+//   scores = Q·Kᵀ / sqrt(d); blocked positions set to exactly -1e9      [B, H, Sq, Sk]
+//   weights = softmax over keys (row max subtracted; a fully masked row is uniform, never NaN)
+//   context = weights·V, heads merged back                               [B, Sq, E]
+//   output = context·Woᵀ + bo                                            [B, Sq, E]
+//
+// Tensors are row-major, contiguous views laid out as PyTorch lays them; the library never owns
+// or frees them. Every argument is checked before a kernel runs: a bad one raises mha::Error
+// whose message names it and its value. forward() may be called from several threads at once.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mha {
+
+// Raised for bad arguments and for failures reported by a kernel.
+class Error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// A row-major, contiguous view: `shape` lists dimensions outermost first, as PyTorch does.
+template <typename T>
+struct TensorView {
+    T *data = nullptr;
+    std::vector<int64_t> shape;
+};
+using Tensor = TensorView<const float>;
+using MutableTensor = TensorView<float>;
+
+// The two mask conventions of the seeds.
+enum class MaskConvention {
+    keep,   // 0 = blocked, nonzero = attend (PyTorch article: masked_fill(mask == 0, -1e9))
+    block,  // nonzero = blocked, 0 = attend (TF article: logits += mask * -1e9)
+};
+
+// A mask whose shape broadcasts (NumPy rules, aligned on the right) to [B, H, Sq, Sk]:
+// e.g. [Sq, Sk], [B, 1, 1, Sk] (key padding), [B, 1, Sq, Sk], [B, H, Sq, Sk].
+struct Mask {
+    TensorView<const uint8_t> values;
+    MaskConvention convention = MaskConvention::keep;
+};
+
+// One nn.Linear(E, E): weight [E, E] in [out, in] layout, bias [E] or none (zero).
+struct Linear {
+    Tensor weight;
+    std::optional<Tensor> bias;
+};
+
+class MultiHeadAttention {
+public:
+    // Checks and copies the weights, prepacked for the kernels; the views may be freed after.
+    MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
+                       const Linear &k_proj, const Linear &v_proj, const Linear &out_proj);
+
+    int64_t embed_dim() const { return embed_dim_; }
+    int64_t num_heads() const { return num_heads_; }
+    int64_t head_dim() const { return embed_dim_ / num_heads_; }
+
+    // query [B, Sq, E], key and value [B, Sk, E] -> output [B, Sq, E] and, when `weights` is
+    // given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
+    void forward(const Tensor &query, const Tensor &key, const Tensor &value,
+                 const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
+                 const std::optional<MutableTensor> &weights = std::nullopt) const;
+
+private:
+    int64_t embed_dim_;
+    int64_t num_heads_;
+    // Wᵀ per projection ([in, out] row-major) and its bias, in the order q, k, v, out.
+    std::vector<float> weight_t_[4];
+    std::vector<float> bias_[4];
+};
+
+}  // namespace mha

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
+#   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
+#   scripts/dev.sh test                build and run every test through ctest
+#   scripts/dev.sh bench               build and run the benchmark comparison (see bench/)
+# A second call reuses the virtual environment and the build directory of the first.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="$root/.venv"
+build="${MHA_BUILD_DIR:-$root/build}"
+
+# Pinned Python-side toolchain: Halide's wheel carries libHalide, its headers, CMake package and
+# autoscheduler plugins; Halide 21's CMake files need CMake >= 3.28, newer than Debian 12's.
+python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
+debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
+                 pocl-opencl-icd ocl-icd-opencl-dev libopenblas-dev)
+
+log() { printf '[dev.sh] %s\n' "$*" >&2; }
+
+install_debian_packages() {
+    local missing=()
+    for p in "${debian_packages[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return
+    log "installing Debian packages: ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+install_python_tools() {
+    local stamp="$venv/.requirements"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${python_requirements[*]}" ]; then
+        return
+    fi
+    log "creating $venv with ${python_requirements[*]}"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check "${python_requirements[@]}"
+    echo "${python_requirements[*]}" >"$stamp"
+}
+
+configure_and_build() {
+    local halide_root
+    halide_root=$("$venv/bin/python" -c 'import halide; print(halide.install_dir())')
+    if [ ! -f "$build/build.ninja" ]; then
+        log "configuring $build"
+        "$venv/bin/cmake" -S "$root" -B "$build" -G Ninja \
+            -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+            -DCMAKE_BUILD_TYPE=Release \
+            -DHalide_ROOT="$halide_root" -DHalide_DIR="$halide_root/lib64/cmake/Halide" "$@"
+    fi
+    "$venv/bin/cmake" --build "$build"
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+    run)
+        install_debian_packages
+        install_python_tools
+        configure_and_build
+        "$build/cli/mha" "$@"
+        ;;
+    test)
+        install_debian_packages
+        install_python_tools
+        configure_and_build
+        "$venv/bin/ctest" --test-dir "$build" --output-on-failure "$@"
+        ;;
+    *)
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,237 @@
+#include "reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+namespace mha::reference {
+
+namespace {
+
+std::vector<float> uniform(size_t n, float bound, std::mt19937_64 &rng) {
+    std::uniform_real_distribution<float> dist(-bound, bound);
+    std::vector<float> v(n);
+    for (float &x : v) {
+        x = dist(rng);
+    }
+    return v;
+}
+
+int64_t product(const std::vector<int64_t> &shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) {
+        n *= s;
+    }
+    return n;
+}
+
+}  // namespace
+
+Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention) {
+    std::mt19937_64 rng(seed);
+    Problem p;
+    p.dims = dims;
+    const int64_t E = dims.embed_dim;
+    p.query = uniform(dims.batch * dims.query_len * E, 1.0f, rng);
+    if (self_attention) {
+        p.key = p.query;
+        p.value = p.query;
+    } else {
+        p.key = uniform(dims.batch * dims.key_len * E, 1.0f, rng);
+        p.value = uniform(dims.batch * dims.key_len * E, 1.0f, rng);
+    }
+    // nn.Linear's default initialization bound, 1/sqrt(in_features).
+    const float bound = 1.0f / std::sqrt(static_cast<float>(E));
+    for (int l = 0; l < 4; l++) {
+        p.weight[l] = uniform(E * E, bound, rng);
+        p.bias[l] = uniform(E, bound, rng);
+    }
+    return p;
+}
+
+void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t> shape,
+                     uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::bernoulli_distribution blocked(1.0 / 3.0);
+    p.mask_convention = convention;
+    p.mask_shape = std::move(shape);
+    p.mask.resize(product(p.mask_shape));
+    for (uint8_t &m : p.mask) {
+        const bool block = blocked(rng);
+        m = (convention == MaskConvention::keep) ? !block : block;
+    }
+}
+
+MultiHeadAttention make_module(const Problem &p) {
+    const int64_t E = p.dims.embed_dim;
+    Linear lin[4];
+    for (int l = 0; l < 4; l++) {
+        lin[l] = {Tensor{p.weight[l].data(), {E, E}}, Tensor{p.bias[l].data(), {E}}};
+    }
+    return MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3]);
+}
+
+Tensor query_view(const Problem &p) {
+    return {p.query.data(), {p.dims.batch, p.dims.query_len, p.dims.embed_dim}};
+}
+Tensor key_view(const Problem &p) {
+    return {p.key.data(), {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+}
+Tensor value_view(const Problem &p) {
+    return {p.value.data(), {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+}
+std::optional<Mask> mask_view(const Problem &p) {
+    if (!p.mask_convention) {
+        return std::nullopt;
+    }
+    return Mask{{p.mask.data(), p.mask_shape}, *p.mask_convention};
+}
+
+std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E,
+                           const std::vector<float> &w, const std::vector<float> &b) {
+    std::vector<double> y(rows * E);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t o = 0; o < E; o++) {
+            double acc = b[o];
+            for (int64_t i = 0; i < E; i++) {
+                acc += x[r * E + i] * static_cast<double>(w[o * E + i]);
+            }
+            y[r * E + o] = acc;
+        }
+    }
+    return y;
+}
+
+std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
+                                int64_t d) {
+    std::vector<double> y(x.size());
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t c = 0; c < d; c++)
+                    y[((b * H + h) * S + s) * d + c] = x[(b * S + s) * H * d + h * d + c];
+    return y;
+}
+
+std::vector<double> merge_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
+                                int64_t d) {
+    std::vector<double> y(x.size());
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t s = 0; s < S; s++)
+                for (int64_t c = 0; c < d; c++)
+                    y[(b * S + s) * H * d + h * d + c] = x[((b * H + h) * S + s) * d + c];
+    return y;
+}
+
+std::vector<double> scaled_scores(const std::vector<double> &q, const std::vector<double> &k,
+                                  int64_t BH, int64_t Sq, int64_t Sk, int64_t d) {
+    std::vector<double> scores(BH * Sq * Sk);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    for (int64_t n = 0; n < BH; n++)
+        for (int64_t i = 0; i < Sq; i++)
+            for (int64_t j = 0; j < Sk; j++) {
+                double dot = 0;
+                for (int64_t c = 0; c < d; c++) {
+                    dot += q[(n * Sq + i) * d + c] * k[(n * Sk + j) * d + c];
+                }
+                scores[(n * Sq + i) * Sk + j] = dot * scale;
+            }
+    return scores;
+}
+
+bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shape,
+                const std::vector<uint8_t> &mask, int64_t b, int64_t h, int64_t i, int64_t j) {
+    // Right-aligned broadcasting: a size-1 dimension reads index 0.
+    const int64_t index4[4] = {b, h, i, j};
+    const size_t offset = 4 - mask_shape.size();
+    int64_t flat = 0;
+    for (size_t d = 0; d < mask_shape.size(); d++) {
+        const int64_t idx = mask_shape[d] == 1 ? 0 : index4[offset + d];
+        flat = flat * mask_shape[d] + idx;
+    }
+    const bool nonzero = mask[flat] != 0;
+    return convention == MaskConvention::keep ? !nonzero : nonzero;
+}
+
+std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
+                                   const std::optional<MaskConvention> &convention,
+                                   const std::vector<int64_t> &mask_shape,
+                                   const std::vector<uint8_t> &mask) {
+    const int64_t Sq = dims.query_len, Sk = dims.key_len;
+    std::vector<double> weights(scores.size());
+    std::vector<double> row(Sk);
+    for (int64_t b = 0; b < dims.batch; b++)
+        for (int64_t h = 0; h < dims.num_heads; h++)
+            for (int64_t i = 0; i < Sq; i++) {
+                const int64_t base = ((b * dims.num_heads + h) * Sq + i) * Sk;
+                for (int64_t j = 0; j < Sk; j++) {
+                    const bool blocked =
+                        convention && is_blocked(*convention, mask_shape, mask, b, h, i, j);
+                    row[j] = blocked ? -1e9 : scores[base + j];
+                }
+                const double max = *std::max_element(row.begin(), row.end());
+                double sum = 0;
+                for (int64_t j = 0; j < Sk; j++) {
+                    row[j] = std::exp(row[j] - max);
+                    sum += row[j];
+                }
+                for (int64_t j = 0; j < Sk; j++) {
+                    weights[base + j] = row[j] / sum;
+                }
+            }
+    return weights;
+}
+
+std::vector<double> attend_values(const std::vector<double> &weights,
+                                  const std::vector<double> &v, int64_t BH, int64_t Sq,
+                                  int64_t Sk, int64_t d) {
+    std::vector<double> out(BH * Sq * d, 0.0);
+    for (int64_t n = 0; n < BH; n++)
+        for (int64_t i = 0; i < Sq; i++)
+            for (int64_t j = 0; j < Sk; j++)
+                for (int64_t c = 0; c < d; c++)
+                    out[(n * Sq + i) * d + c] +=
+                        weights[(n * Sq + i) * Sk + j] * v[(n * Sk + j) * d + c];
+    return out;
+}
+
+Result forward(const Problem &p) {
+    const Dims &m = p.dims;
+    const int64_t B = m.batch, Sq = m.query_len, Sk = m.key_len, E = m.embed_dim;
+    const int64_t H = m.num_heads, d = m.head_dim();
+    const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
+    const auto k = linear(to_double(p.key), B * Sk, E, p.weight[1], p.bias[1]);
+    const auto v = linear(to_double(p.value), B * Sk, E, p.weight[2], p.bias[2]);
+    const auto scores = scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d),
+                                      B * H, Sq, Sk, d);
+    Result r;
+    r.weights = masked_softmax(scores, m, p.mask_convention, p.mask_shape, p.mask);
+    const auto context = attend_values(r.weights, split_heads(v, B, Sk, H, d), B * H, Sq, Sk, d);
+    r.output = linear(merge_heads(context, B, Sq, H, d), B * Sq, E, p.weight[3], p.bias[3]);
+    return r;
+}
+
+std::vector<double> to_double(const std::vector<float> &x) {
+    return std::vector<double>(x.begin(), x.end());
+}
+
+double relative_l2(const std::vector<float> &got, const std::vector<double> &want) {
+    double diff = 0, norm = 0;
+    for (size_t n = 0; n < want.size(); n++) {
+        diff += (got[n] - want[n]) * (got[n] - want[n]);
+        norm += want[n] * want[n];
+    }
+    return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+double max_relative_error(const std::vector<float> &got, const std::vector<double> &want) {
+    double diff = 0, scale = 0;
+    for (size_t n = 0; n < want.size(); n++) {
+        diff = std::max(diff, std::abs(got[n] - want[n]));
+        scale = std::max(scale, std::abs(want[n]));
+    }
+    return scale == 0 ? diff : diff / scale;
+}
+
+}  // namespace mha::reference

@@ -1,0 +1,84 @@
+// A naive double-precision reference of the seed's PyTorch MultiHeadAttention module, written
+// plainly for reading, and random problems to compare against. Tensors are row-major vectors
+// with PyTorch's layouts.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "mha/mha.h"
+
+namespace mha::reference {
+
+struct Dims {
+    int64_t batch, query_len, key_len, embed_dim, num_heads;
+    int64_t head_dim() const { return embed_dim / num_heads; }
+};
+
+// One problem: inputs, the four nn.Linear layers, and an optional mask.
+struct Problem {
+    Dims dims;
+    std::vector<float> query, key, value;  // [B, Sq, E], [B, Sk, E], [B, Sk, E]
+    std::vector<float> weight[4];          // q, k, v, out: [E, E] in [out, in] layout
+    std::vector<float> bias[4];            // [E]
+    std::optional<MaskConvention> mask_convention;
+    std::vector<int64_t> mask_shape;  // broadcasts to [B, H, Sq, Sk]
+    std::vector<uint8_t> mask;
+};
+
+// Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention shares one tensor for
+// query, key and value (Sq must equal Sk).
+Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = false);
+
+// Adds a random mask of `shape` (about a third of positions blocked) in `convention`.
+void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t> shape,
+                     uint64_t seed);
+
+// The library's views of a problem's tensors.
+MultiHeadAttention make_module(const Problem &p);
+Tensor query_view(const Problem &p);
+Tensor key_view(const Problem &p);
+Tensor value_view(const Problem &p);
+std::optional<Mask> mask_view(const Problem &p);
+
+// --- The stages, in double precision. ---
+// y[r, o] = b[o] + sum_i x[r, i] * w[o, i]  over rows r of x [rows, E].
+std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E,
+                           const std::vector<float> &w, const std::vector<float> &b);
+// [B, S, H*d] -> [B, H, S, d] and back.
+std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
+                                int64_t d);
+std::vector<double> merge_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
+                                int64_t d);
+// [B, H, Sq, d] x [B, H, Sk, d] -> [B, H, Sq, Sk], divided by sqrt(d).
+std::vector<double> scaled_scores(const std::vector<double> &q, const std::vector<double> &k,
+                                  int64_t BH, int64_t Sq, int64_t Sk, int64_t d);
+// Blocked positions (mask broadcast to [B, H, Sq, Sk]) get -1e9, then softmax over keys.
+std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
+                                   const std::optional<MaskConvention> &convention,
+                                   const std::vector<int64_t> &mask_shape,
+                                   const std::vector<uint8_t> &mask);
+// [B, H, Sq, Sk] x [B, H, Sk, d] -> [B, H, Sq, d].
+std::vector<double> attend_values(const std::vector<double> &weights,
+                                  const std::vector<double> &v, int64_t BH, int64_t Sq,
+                                  int64_t Sk, int64_t d);
+
+// Whether the mask blocks position (b, h, i, j), broadcasting its shape.
+bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shape,
+                const std::vector<uint8_t> &mask, int64_t b, int64_t h, int64_t i, int64_t j);
+
+struct Result {
+    std::vector<double> output;   // [B, Sq, E]
+    std::vector<double> weights;  // [B, H, Sq, Sk]
+};
+Result forward(const Problem &p);
+
+std::vector<double> to_double(const std::vector<float> &x);
+
+// ||got - want||_2 / ||want||_2.
+double relative_l2(const std::vector<float> &got, const std::vector<double> &want);
+// max |got - want| / max |want|.
+double max_relative_error(const std::vector<float> &got, const std::vector<double> &want);
+
+}  // namespace mha::reference

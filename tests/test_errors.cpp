@@ -1,0 +1,187 @@
+// Bad input raises mha::Error naming the argument and its value; the module keeps working.
+#include <gtest/gtest.h>
+
+#include "HalideRuntime.h"
+#include "kernel_table.h"
+#include "reference.h"
+
+namespace {
+
+using mha::MaskConvention;
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+// Expects `f` to throw mha::Error whose message contains `expected`.
+template <typename F>
+void expect_error(F &&f, const std::string &expected) {
+    try {
+        f();
+        ADD_FAILURE() << "no mha::Error; expected \"" << expected << "\"";
+    } catch (const mha::Error &e) {
+        EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+            << "message: " << e.what() << "\nexpected to contain: " << expected;
+    }
+}
+
+class ModuleErrors : public ::testing::Test {
+protected:
+    const Dims d{2, 5, 7, 12, 3};
+    const Problem p = mha::reference::random_problem(d, 7);
+    std::vector<float> output = std::vector<float>(d.batch * d.query_len * d.embed_dim);
+    std::vector<float> weights =
+        std::vector<float>(d.batch * d.num_heads * d.query_len * d.key_len);
+
+    mha::Linear linear(int l) const {
+        return {{p.weight[l].data(), {d.embed_dim, d.embed_dim}},
+                mha::Tensor{p.bias[l].data(), {d.embed_dim}}};
+    }
+    mha::MutableTensor output_view() { return {output.data(), {d.batch, d.query_len, d.embed_dim}}; }
+    mha::MutableTensor weights_view() {
+        return {weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    // Runs forward with the problem's tensors, replacing some by the caller's.
+    void forward(const mha::Tensor &q, const mha::Tensor &k, const mha::Tensor &v,
+                 const std::optional<mha::Mask> &mask = std::nullopt) {
+        mha::reference::make_module(p).forward(q, k, v, output_view(), mask, weights_view());
+    }
+    mha::Tensor q() const { return mha::reference::query_view(p); }
+    mha::Tensor k() const { return mha::reference::key_view(p); }
+    mha::Tensor v() const { return mha::reference::value_view(p); }
+};
+
+TEST_F(ModuleErrors, EmbedDimNotDivisibleByHeads) {
+    std::vector<float> w(510 * 510);
+    const mha::Linear l{{w.data(), {510, 510}}, std::nullopt};
+    expect_error([&] { mha::MultiHeadAttention(510, 8, l, l, l, l); },
+                 "embed_dim 510 is not divisible by num_heads 8");
+}
+
+TEST_F(ModuleErrors, NonPositiveSizes) {
+    const mha::Linear l = linear(0);
+    expect_error([&] { mha::MultiHeadAttention(12, 0, l, l, l, l); }, "num_heads 0 must be >= 1");
+    expect_error([&] { mha::MultiHeadAttention(-4, 2, l, l, l, l); }, "embed_dim -4 must be >= 1");
+}
+
+TEST_F(ModuleErrors, WeightAndBiasShapes) {
+    const mha::Linear bad_weight{{p.weight[1].data(), {12, 11}}, std::nullopt};
+    expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), bad_weight, linear(2), linear(3)); },
+                 "k_proj.weight has shape [12, 11] but must be [12, 12]");
+    const mha::Linear bad_bias{{p.weight[3].data(), {12, 12}}, mha::Tensor{p.bias[3].data(), {13}}};
+    expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), linear(1), linear(2), bad_bias); },
+                 "out_proj.bias has shape [13] but must be [12]");
+    const mha::Linear null_weight{{nullptr, {12, 12}}, std::nullopt};
+    expect_error([&] { mha::MultiHeadAttention(12, 3, null_weight, linear(1), linear(2), linear(3)); },
+                 "q_proj.weight has a null data pointer");
+}
+
+TEST_F(ModuleErrors, KeyAndValueRowsDiffer) {
+    const mha::Tensor short_value{p.value.data(), {2, 6, 12}};
+    expect_error([&] { forward(q(), k(), short_value); }, "key has 7 rows but value has 6");
+}
+
+TEST_F(ModuleErrors, BatchMismatch) {
+    const mha::Tensor one_batch_key{p.key.data(), {1, 7, 12}};
+    expect_error([&] { forward(q(), one_batch_key, v()); }, "key has batch 1 but query has batch 2");
+}
+
+TEST_F(ModuleErrors, EmbedDimMismatch) {
+    const mha::Tensor wide_query{p.query.data(), {2, 2, 15}};
+    expect_error([&] { forward(wide_query, k(), v()); },
+                 "query has embed dim 15 but the module's embed_dim is 12");
+}
+
+TEST_F(ModuleErrors, WrongRankAndEmptyDimensions) {
+    const mha::Tensor flat{p.query.data(), {10, 12}};
+    expect_error([&] { forward(flat, k(), v()); },
+                 "query has shape [10, 12] but must have 3 dimensions");
+    const mha::Tensor empty{p.query.data(), {2, 0, 12}};
+    expect_error([&] { forward(empty, k(), v()); }, "query has shape [2, 0, 12]: dimension 1 is 0");
+    const mha::Tensor null_key{nullptr, {2, 7, 12}};
+    expect_error([&] { forward(q(), null_key, v()); }, "key has a null data pointer");
+}
+
+TEST_F(ModuleErrors, TooLargeForTheKernels) {
+    const mha::Tensor huge{p.query.data(), {1 << 20, 1 << 20, 12}};
+    expect_error([&] { forward(huge, k(), v()); }, "more than the 2147483647 bytes");
+}
+
+TEST_F(ModuleErrors, OutputAndWeightsShapes) {
+    const auto module = mha::reference::make_module(p);
+    const mha::MutableTensor small_output{output.data(), {2, 4, 12}};
+    expect_error([&] { module.forward(q(), k(), v(), small_output); },
+                 "output has shape [2, 4, 12] but must be [2, 5, 12]");
+    const mha::MutableTensor bad_weights{weights.data(), {2, 3, 5, 6}};
+    expect_error([&] { module.forward(q(), k(), v(), output_view(), std::nullopt, bad_weights); },
+                 "weights has shape [2, 3, 5, 6] but must be [2, 3, 5, 7]");
+}
+
+TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
+    std::vector<uint8_t> m(2 * 3 * 5 * 7, 1);
+    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {5, 6}}, MaskConvention::keep}); },
+                 "mask has shape [5, 6] which does not broadcast to [B, H, Sq, Sk] = [2, 3, 5, 7]: "
+                 "dimension 1 is 6, but key length is 7");
+    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {3, 1, 1, 7}}, MaskConvention::block}); },
+                 "dimension 0 is 3, but batch is 2");
+    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {1, 2, 3, 5, 7}}, MaskConvention::keep}); },
+                 "mask has shape [1, 2, 3, 5, 7] but must have 1 to 4 dimensions");
+    expect_error([&] { forward(q(), k(), v(), mha::Mask{{nullptr, {5, 7}}, MaskConvention::keep}); },
+                 "mask has a null data pointer");
+}
+
+TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
+    const auto module = mha::reference::make_module(p);
+    const mha::Tensor short_value{p.value.data(), {2, 6, 12}};
+    EXPECT_THROW(module.forward(q(), k(), short_value, output_view()), mha::Error);
+    module.forward(q(), k(), v(), output_view(), std::nullopt, weights_view());
+    const auto want = mha::reference::forward(p);
+    EXPECT_LT(mha::reference::relative_l2(output, want.output), 1e-5);
+    EXPECT_LT(mha::reference::relative_l2(weights, want.weights), 1e-5);
+}
+
+// A failure inside a kernel (here: a value buffer shorter than the key buffer, which the public
+// API would have refused) comes back as mha::Error carrying Halide's own message, and nothing is
+// printed or aborted.
+TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
+    mha::detail::install_error_handler();
+    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false);
+    ASSERT_NE(kernel, nullptr);
+    std::vector<float> w(12 * 12, 0.0f), b(12, 0.0f);
+    auto dense = [](const std::vector<float> &data, std::vector<int> extents) {
+        std::vector<halide_dimension_t> dims;
+        int stride = 1;
+        for (int e : extents) {
+            dims.push_back({0, e, stride, 0});
+            stride *= e;
+        }
+        return dims;
+    };
+    auto qd = dense(p.query, {12, 5, 2}), kd = dense(p.key, {12, 7, 2});
+    auto vd = dense(p.value, {12, 6, 2}), wd = dense(w, {12, 12}), bd = dense(b, {12});
+    auto od = dense(output, {12, 5, 2});
+    auto buffer = [](const void *data, std::vector<halide_dimension_t> &dims) {
+        halide_buffer_t buf{};
+        buf.host = static_cast<uint8_t *>(const_cast<void *>(data));
+        buf.type = halide_type_of<float>();
+        buf.dimensions = static_cast<int>(dims.size());
+        buf.dim = dims.data();
+        return buf;
+    };
+    halide_buffer_t qb = buffer(p.query.data(), qd), kb = buffer(p.key.data(), kd);
+    halide_buffer_t vb = buffer(p.value.data(), vd), wb = buffer(w.data(), wd);
+    halide_buffer_t bb = buffer(b.data(), bd), ob = buffer(output.data(), od);
+    int heads = 3;
+    testing::internal::CaptureStderr();
+    expect_error(
+        [&] {
+            mha::detail::call_kernel(*kernel, {{"query", &qb}, {"key", &kb}, {"value", &vb},
+                                               {"q_weight_t", &wb}, {"k_weight_t", &wb},
+                                               {"v_weight_t", &wb}, {"out_weight_t", &wb},
+                                               {"q_bias", &bb}, {"k_bias", &bb}, {"v_bias", &bb},
+                                               {"out_bias", &bb}, {"num_heads", &heads},
+                                               {"output", &ob}});
+        },
+        "Input buffer value is accessed at 6, which is beyond the max (5) in dimension 1");
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+}
+
+}  // namespace

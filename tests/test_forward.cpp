@@ -1,0 +1,249 @@
+// The whole forward pass against the double-precision reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "reference.h"
+
+namespace {
+
+using mha::MaskConvention;
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+constexpr double kTolerance = 1e-5;  // relative L2, f32 against f64
+
+uint64_t fresh_seed() { return std::random_device{}(); }
+
+struct ForwardResult {
+    std::vector<float> output, weights;
+};
+
+// Runs the library's forward pass on `p`, with or without the weights.
+ForwardResult run_forward(const Problem &p, bool with_weights) {
+    const Dims &d = p.dims;
+    const auto module = mha::reference::make_module(p);
+    ForwardResult r;
+    r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
+    std::optional<mha::MutableTensor> weights;
+    if (with_weights) {
+        r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+        weights = mha::MutableTensor{r.weights.data(),
+                                     {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                   mha::reference::value_view(p),
+                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
+                   mha::reference::mask_view(p), weights);
+    return r;
+}
+
+void expect_matches_reference(const Problem &p, bool with_weights) {
+    const ForwardResult got = run_forward(p, with_weights);
+    const auto want = mha::reference::forward(p);
+    EXPECT_LT(mha::reference::relative_l2(got.output, want.output), kTolerance);
+    if (with_weights) {
+        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kTolerance);
+    }
+}
+
+TEST(SeedExample, ShapesAndValuesMatchTheArticle) {
+    // batch 2, sequence 5, embed 512, 8 heads: output [2, 5, 512], weights [2, 8, 5, 5].
+    const Problem p = mha::reference::random_problem({2, 5, 5, 512, 8}, fresh_seed(), true);
+    const ForwardResult got = run_forward(p, true);
+    ASSERT_EQ(got.output.size(), 2u * 5 * 512);
+    ASSERT_EQ(got.weights.size(), 2u * 8 * 5 * 5);
+    const auto want = mha::reference::forward(p);
+    EXPECT_LT(mha::reference::relative_l2(got.output, want.output), kTolerance);
+    EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kTolerance);
+}
+
+// Awkward sizes: 1, primes, E not a multiple of the vector width, H = 1 (d = E), d = 1.
+struct ShapeCase {
+    const char *name;
+    Dims dims;
+};
+const ShapeCase kShapes[] = {
+    {"all_ones", {1, 1, 1, 1, 1}},
+    {"single_query_long_context", {1, 1, 37, 16, 4}},
+    {"e12_h3_self", {2, 7, 7, 12, 3}},
+    {"e12_h3_cross", {3, 5, 11, 12, 3}},
+    {"one_head_d_equals_e", {2, 13, 13, 20, 1}},
+    {"one_head_cross", {1, 3, 17, 9, 1}},
+    {"head_dim_one", {2, 11, 5, 7, 7}},
+    {"primes", {3, 13, 17, 30, 5}},
+    {"many_keys_few_queries", {1, 2, 61, 24, 2}},
+    {"seed_width_cross", {2, 5, 9, 512, 8}},
+    {"head_dim_96", {1, 19, 23, 192, 2}},
+};
+
+class ForwardShapes : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(ForwardShapes, MatchesReferenceWithWeights) {
+    const Dims d = GetParam().dims;
+    expect_matches_reference(mha::reference::random_problem(d, fresh_seed()), true);
+}
+
+TEST_P(ForwardShapes, MatchesReferenceWithoutWeights) {
+    const Dims d = GetParam().dims;
+    expect_matches_reference(mha::reference::random_problem(d, fresh_seed()), false);
+}
+
+TEST_P(ForwardShapes, SelfAttentionMatchesReference) {
+    Dims d = GetParam().dims;
+    d.key_len = d.query_len;
+    expect_matches_reference(mha::reference::random_problem(d, fresh_seed(), true), true);
+}
+
+TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
+    const Problem p = mha::reference::random_problem(GetParam().dims, fresh_seed());
+    const ForwardResult with = run_forward(p, true);
+    const ForwardResult without = run_forward(p, false);
+    ASSERT_EQ(with.output.size(), without.output.size());
+    for (size_t n = 0; n < with.output.size(); n++) {
+        ASSERT_NEAR(with.output[n], without.output[n], 1e-6 * (1 + std::abs(with.output[n])))
+            << "at " << n;
+    }
+}
+
+TEST_P(ForwardShapes, WeightRowsSumToOne) {
+    const Problem p = mha::reference::random_problem(GetParam().dims, fresh_seed());
+    const ForwardResult got = run_forward(p, true);
+    const int64_t Sk = p.dims.key_len;
+    for (size_t row = 0; row < got.weights.size() / Sk; row++) {
+        double sum = 0;
+        for (int64_t j = 0; j < Sk; j++) {
+            ASSERT_GE(got.weights[row * Sk + j], 0.0f);
+            sum += got.weights[row * Sk + j];
+        }
+        ASSERT_NEAR(sum, 1.0, 1e-5) << "row " << row;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Awkward, ForwardShapes, ::testing::ValuesIn(kShapes),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+// Both mask conventions at every broadcast shape.
+struct MaskCase {
+    const char *name;
+    MaskConvention convention;
+    std::vector<int64_t> (*shape)(const Dims &);
+};
+const MaskCase kMasks[] = {
+    {"keep_sq_sk", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.query_len, d.key_len}; }},
+    {"block_sq_sk", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.query_len, d.key_len}; }},
+    {"keep_padding", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, 1, d.key_len}; }},
+    {"block_padding", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, 1, d.key_len}; }},
+    {"keep_b1_sq_sk", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, d.query_len, d.key_len}; }},
+    {"block_b1_sq_sk", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, d.query_len, d.key_len}; }},
+    {"keep_full", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, d.num_heads, d.query_len, d.key_len}; }},
+    {"block_full", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, d.num_heads, d.query_len, d.key_len}; }},
+    {"keep_per_query_row", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.query_len, 1}; }},
+    {"block_keys_only", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.key_len}; }},
+};
+
+class ForwardMasks : public ::testing::TestWithParam<MaskCase> {};
+
+TEST_P(ForwardMasks, MatchesReference) {
+    for (const Dims d : {Dims{2, 7, 11, 12, 3}, Dims{3, 5, 5, 40, 4}, Dims{1, 1, 13, 8, 2}}) {
+        Problem p = mha::reference::random_problem(d, fresh_seed());
+        mha::reference::add_random_mask(p, GetParam().convention, GetParam().shape(d),
+                                        fresh_seed());
+        SCOPED_TRACE(::testing::Message() << "B " << d.batch << " Sq " << d.query_len);
+        expect_matches_reference(p, true);
+        expect_matches_reference(p, false);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothConventions, ForwardMasks, ::testing::ValuesIn(kMasks),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+// The same blocked positions in both conventions give the same result.
+TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
+    const Dims d{2, 6, 9, 16, 4};
+    Problem keep = mha::reference::random_problem(d, fresh_seed());
+    mha::reference::add_random_mask(keep, MaskConvention::keep, {d.batch, 1, d.query_len, d.key_len},
+                                    fresh_seed());
+    Problem block = keep;
+    block.mask_convention = MaskConvention::block;
+    for (uint8_t &m : block.mask) {
+        m = m == 0 ? 1 : 0;
+    }
+    const ForwardResult a = run_forward(keep, true), b = run_forward(block, true);
+    EXPECT_EQ(a.output, b.output);
+    EXPECT_EQ(a.weights, b.weights);
+}
+
+TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
+    const Dims d{2, 4, 7, 12, 3};
+    for (MaskConvention convention : {MaskConvention::keep, MaskConvention::block}) {
+        Problem p = mha::reference::random_problem(d, fresh_seed());
+        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len}, fresh_seed());
+        const uint8_t blocked = convention == MaskConvention::keep ? 0 : 1;
+        for (int64_t j = 0; j < d.key_len; j++) {
+            p.mask[2 * d.key_len + j] = blocked;  // query row 2 sees no key
+        }
+        const ForwardResult got = run_forward(p, true);
+        for (int64_t bh = 0; bh < d.batch * d.num_heads; bh++) {
+            for (int64_t j = 0; j < d.key_len; j++) {
+                const float w = got.weights[(bh * d.query_len + 2) * d.key_len + j];
+                EXPECT_NEAR(w, 1.0 / d.key_len, 1e-7);
+            }
+        }
+        for (float o : got.output) {
+            ASSERT_TRUE(std::isfinite(o));
+        }
+        const auto want = mha::reference::forward(p);
+        EXPECT_LT(mha::reference::relative_l2(got.output, want.output), kTolerance);
+    }
+}
+
+TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
+    const Dims d{2, 9, 14, 24, 3};
+    const Problem shared = mha::reference::random_problem(d, fresh_seed());
+    const auto module = mha::reference::make_module(shared);
+    constexpr int kThreads = 6;
+    std::vector<Problem> problems;
+    for (int t = 0; t < kThreads; t++) {
+        Problem p = mha::reference::random_problem(d, fresh_seed());
+        for (int l = 0; l < 4; l++) {  // same module weights, fresh inputs
+            p.weight[l] = shared.weight[l];
+            p.bias[l] = shared.bias[l];
+        }
+        if (t % 2 == 1) {
+            mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len},
+                                            fresh_seed());
+        }
+        problems.push_back(std::move(p));
+    }
+    std::vector<ForwardResult> runs(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; t++) {
+        threads.emplace_back([&, t] {
+            const Problem &p = problems[t];
+            ForwardResult &r = runs[t];
+            r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
+            r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+            for (int repeat = 0; repeat < 20; repeat++) {
+                module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                               mha::reference::value_view(p),
+                               {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
+                               mha::reference::mask_view(p),
+                               mha::MutableTensor{r.weights.data(),
+                                                  {d.batch, d.num_heads, d.query_len, d.key_len}});
+            }
+        });
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+    for (int t = 0; t < kThreads; t++) {
+        const auto want = mha::reference::forward(problems[t]);
+        EXPECT_LT(mha::reference::relative_l2(runs[t].output, want.output), kTolerance);
+        EXPECT_LT(mha::reference::relative_l2(runs[t].weights, want.weights), kTolerance);
+    }
+}
+
+}  // namespace

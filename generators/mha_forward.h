@@ -1,26 +1,44 @@
 // The whole forward pass composed from the stages of mha_stages.h, as torch.nn.MultiheadAttention
 // (and the seed's first article) computes it.
+//
+// Whole tiles. A schedule may compute any intermediate stage over a region rounded up to its
+// tiles, so that register tiles have constant sizes and no buffer is sized at run time inside a
+// hot loop. That is safe because every read past the end of real data is defined:
+//  - sequence positions of query/key/value and mask rows/columns are read through repeat-edge
+//    boundary conditions (the generator applies them);
+//  - the runtime pads each prepacked Wᵀ and bias with zero output features up to
+//    `padded_features(E)`, which covers any head or projection tile of up to kMaxTile features;
+//  - an output that the pipeline also consumes (the attention weights) is read through a clamp.
+// Values computed past the ends are never used by a real output element.
 #pragma once
 
+#include "kernel_abi.h"
 #include "mha_stages.h"
 
 namespace mha {
 
 // What the forward pass reads, as Halide functions with their run-time extents.
 struct ForwardInputs {
-    Halide::Func query, key, value;  // (e, s, b)
-    Halide::Func q_weight_t, k_weight_t, v_weight_t, out_weight_t;  // (out, in)
-    Halide::Func q_bias, k_bias, v_bias, out_bias;                  // (out)
-    Halide::Func mask;                                              // (j, i, h, b), or undefined
+    Halide::Func query, key, value;  // (e, s, b), sequence dimension extended by repeat-edge
+    // Separate projections: (padded out, in) Wᵀ and (padded out) bias per projection.
+    Halide::Func q_weight_t, k_weight_t, v_weight_t, q_bias, k_bias, v_bias;
+    // Fused QKV (self-attention, query = key = value): Wq, Wk, Wv stacked along the output
+    // features, each block `padded` wide. Used when defined.
+    Halide::Func qkv_weight_t, qkv_bias;
+    Halide::Expr padded;
+    Halide::Func out_weight_t, out_bias;
+    Halide::Func mask;  // (j, i, h, b) extended by repeat-edge, or undefined
     MaskKind mask_kind = MaskKind::none;
-    Halide::Expr embed_dim, num_heads, num_keys;
+    bool weights_are_output = false;
+    Halide::Expr embed_dim, num_heads, query_len, num_keys;
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
 struct ForwardStages {
     StageVars v;
     Halide::Expr head_dim;
-    Projection q_proj, k_proj, v_proj;
+    std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
+    Halide::Func q_proj, k_proj, v_proj;         // (e, s, b)
     Halide::Func q_heads, k_heads, v_heads;
     ScaledScores scores;
     MaskedSoftmax softmax;
@@ -30,18 +48,41 @@ struct ForwardStages {
 };
 
 inline ForwardStages define_forward(const ForwardInputs &in) {
+    using Halide::Func;
     ForwardStages f;
     const StageVars &v = f.v;
     f.head_dim = in.embed_dim / in.num_heads;
-    f.q_proj = linear_projection(v, in.query, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj");
-    f.k_proj = linear_projection(v, in.key, in.k_weight_t, in.k_bias, in.embed_dim, "k_proj");
-    f.v_proj = linear_projection(v, in.value, in.v_weight_t, in.v_bias, in.embed_dim, "v_proj");
-    f.q_heads = split_heads(v, f.q_proj.result, f.head_dim, "q_heads");
-    f.k_heads = split_heads(v, f.k_proj.result, f.head_dim, "k_heads");
-    f.v_heads = split_heads(v, f.v_proj.result, f.head_dim, "v_heads");
+    if (in.qkv_weight_t.defined()) {
+        Projection qkv = linear_projection(v, in.query, in.qkv_weight_t, in.qkv_bias,
+                                           in.embed_dim, "qkv_proj");
+        f.q_proj = Func("q_proj");
+        f.k_proj = Func("k_proj");
+        f.v_proj = Func("v_proj");
+        f.q_proj(v.e, v.s, v.b) = qkv.result(v.e, v.s, v.b);
+        f.k_proj(v.e, v.s, v.b) = qkv.result(v.e + in.padded, v.s, v.b);
+        f.v_proj(v.e, v.s, v.b) = qkv.result(v.e + 2 * in.padded, v.s, v.b);
+        f.input_projections = {qkv};
+    } else {
+        f.input_projections = {
+            linear_projection(v, in.query, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
+            linear_projection(v, in.key, in.k_weight_t, in.k_bias, in.embed_dim, "k_proj"),
+            linear_projection(v, in.value, in.v_weight_t, in.v_bias, in.embed_dim, "v_proj")};
+        f.q_proj = f.input_projections[0].result;
+        f.k_proj = f.input_projections[1].result;
+        f.v_proj = f.input_projections[2].result;
+    }
+    f.q_heads = split_heads(v, f.q_proj, f.head_dim, "q_heads");
+    f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
+    f.v_heads = split_heads(v, f.v_proj, f.head_dim, "v_heads");
     f.scores = scaled_scores(v, f.q_heads, f.k_heads, f.head_dim);
     f.softmax = masked_softmax(v, f.scores.result, in.mask, in.mask_kind, in.num_keys);
-    f.context = attend_values(v, f.softmax.weights, f.v_heads, in.num_keys);
+    Func weights = f.softmax.weights;
+    if (in.weights_are_output) {
+        weights = Func("weights_clamped");
+        weights(v.j, v.i, v.h, v.b) =
+            f.softmax.weights(v.j, Halide::clamp(v.i, 0, in.query_len - 1), v.h, v.b);
+    }
+    f.context = attend_values(v, weights, f.v_heads, in.num_keys);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = linear_projection(v, f.merged, in.out_weight_t, in.out_bias, in.embed_dim,
                                    "out_proj");

@@ -20,25 +20,39 @@ class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
     GeneratorParam<MaskKind> mask_kind{"mask_kind", MaskKind::none, kMaskKinds};
     GeneratorParam<bool> return_weights{"return_weights", false};
+    // Self-attention with query = key = value: one fused QKV projection.
+    GeneratorParam<bool> fused_qkv{"fused_qkv", false};
 
     Input<Buffer<float, 3>> query{"query"};  // (e, sq, b)
-    Input<Buffer<float, 3>> key{"key"};      // (e, sk, b)
-    Input<Buffer<float, 3>> value{"value"};  // (e, sk, b)
-    Input<Buffer<float, 2>> q_weight_t{"q_weight_t"};
-    Input<Buffer<float, 1>> q_bias{"q_bias"};
-    Input<Buffer<float, 2>> k_weight_t{"k_weight_t"};
-    Input<Buffer<float, 1>> k_bias{"k_bias"};
-    Input<Buffer<float, 2>> v_weight_t{"v_weight_t"};
-    Input<Buffer<float, 1>> v_bias{"v_bias"};
-    Input<Buffer<float, 2>> out_weight_t{"out_weight_t"};
-    Input<Buffer<float, 1>> out_bias{"out_bias"};
+    Input<Buffer<float, 2>> out_weight_t{"out_weight_t"};  // (padded out, in)
+    Input<Buffer<float, 1>> out_bias{"out_bias"};          // (padded out)
     Input<int> num_heads{"num_heads", 1};
+    // Separate projections: key, value (e, sk, b) and one Wᵀ and bias per projection.
+    Input<Buffer<float, 3>> *key = nullptr, *value = nullptr;
+    Input<Buffer<float, 2>> *q_weight_t = nullptr, *k_weight_t = nullptr, *v_weight_t = nullptr;
+    Input<Buffer<float, 1>> *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
+    // Fused QKV: Wq, Wk, Wv stacked along the output features, each block equally padded.
+    Input<Buffer<float, 2>> *qkv_weight_t = nullptr;
+    Input<Buffer<float, 1>> *qkv_bias = nullptr;
     Input<Buffer<uint8_t, 4>> *mask = nullptr;  // (j, i, h, b), only for keep / block masks
 
-    Output<Buffer<float, 3>> output{"output"};      // (e, sq, b)
-    Output<Buffer<float, 4>> *weights = nullptr;    // (j, i, h, b), only when requested
+    Output<Buffer<float, 3>> output{"output"};    // (e, sq, b)
+    Output<Buffer<float, 4>> *weights = nullptr;  // (j, i, h, b), only when requested
 
     void configure() {
+        if (fused_qkv) {
+            qkv_weight_t = add_input<Buffer<float, 2>>("qkv_weight_t");
+            qkv_bias = add_input<Buffer<float, 1>>("qkv_bias");
+        } else {
+            key = add_input<Buffer<float, 3>>("key");
+            value = add_input<Buffer<float, 3>>("value");
+            q_weight_t = add_input<Buffer<float, 2>>("q_weight_t");
+            q_bias = add_input<Buffer<float, 1>>("q_bias");
+            k_weight_t = add_input<Buffer<float, 2>>("k_weight_t");
+            k_bias = add_input<Buffer<float, 1>>("k_bias");
+            v_weight_t = add_input<Buffer<float, 2>>("v_weight_t");
+            v_bias = add_input<Buffer<float, 1>>("v_bias");
+        }
         if (mask_kind != MaskKind::none) {
             mask = add_input<Buffer<uint8_t, 4>>("mask");
         }
@@ -48,35 +62,52 @@ public:
     }
 
     void generate() {
+        using BoundaryConditions::repeat_edge;
+        const Expr unbounded;
         mha::ForwardInputs in;
-        in.query = query;
-        in.key = key;
-        in.value = value;
-        in.q_weight_t = q_weight_t;
-        in.k_weight_t = k_weight_t;
-        in.v_weight_t = v_weight_t;
+        in.embed_dim = query.dim(0).extent();
+        in.num_heads = num_heads;
+        in.query_len = query.dim(1).extent();
+        // Sequence positions past the end repeat the last one: whole tiles may be computed.
+        in.query = repeat_edge(query, {{unbounded, unbounded}, {0, in.query_len}});
+        if (fused_qkv) {
+            in.num_keys = in.query_len;
+            in.key = in.value = in.query;
+            in.qkv_weight_t = *qkv_weight_t;
+            in.qkv_bias = *qkv_bias;
+            in.padded = qkv_weight_t->dim(0).extent() / 3;
+        } else {
+            in.num_keys = key->dim(1).extent();
+            in.key = repeat_edge(*key, {{unbounded, unbounded}, {0, in.num_keys}});
+            in.value = repeat_edge(*value, {{unbounded, unbounded}, {0, in.num_keys}});
+            in.q_weight_t = *q_weight_t;
+            in.k_weight_t = *k_weight_t;
+            in.v_weight_t = *v_weight_t;
+            in.q_bias = *q_bias;
+            in.k_bias = *k_bias;
+            in.v_bias = *v_bias;
+        }
         in.out_weight_t = out_weight_t;
-        in.q_bias = q_bias;
-        in.k_bias = k_bias;
-        in.v_bias = v_bias;
         in.out_bias = out_bias;
         if (mask) {
             allow_mask_broadcast(*mask);
-            in.mask = *mask;
+            in.mask = repeat_edge(*mask, {{0, in.num_keys}, {0, in.query_len}});
         }
         in.mask_kind = mask_kind;
-        in.embed_dim = query.dim(0).extent();
-        in.num_heads = num_heads;
-        in.num_keys = key.dim(1).extent();
+        in.weights_are_output = return_weights;
         stages_ = mha::define_forward(in);
-        output = stages_.out_proj.result;
+        // The output is a guarded copy of the whole-tile output projection.
+        output(stages_.v.e, stages_.v.s, stages_.v.b) =
+            stages_.out_proj.result(stages_.v.e, stages_.v.s, stages_.v.b);
         if (weights) {
             *weights = stages_.softmax.weights;
         }
     }
 
     void schedule() {
-        mha::cpu::schedule_forward(stages_, return_weights, get_target());
+        const auto params = mha::cpu::ScheduleParams::for_target(get_target());
+        mha::cpu::schedule_forward(stages_, return_weights, params);
+        mha::cpu::schedule_output_copy(stages_.v, output, params);
     }
 
 private:
@@ -100,17 +131,12 @@ public:
     Output<Buffer<float, 3>> y{"y"};
 
     void generate() {
-        projection_ = mha::linear_projection(v_, x, weight_t, bias, x.dim(0).extent(), "projection");
-        y = projection_.result;
+        y = mha::linear_projection(v_, x, weight_t, bias, x.dim(0).extent(), "projection").result;
     }
-    void schedule() {
-        mha::cpu::schedule_projection(v_, projection_, get_target().natural_vector_size<float>(),
-                                      {});
-    }
+    void schedule() { schedule_stage_output(y, get_target()); }
 
 private:
     mha::StageVars v_;
-    mha::Projection projection_;
 };
 
 class SplitHeadsStage : public Generator<SplitHeadsStage> {

@@ -1,114 +1,201 @@
-// CPU SIMD schedules for the stages of generators/mha_stages.h. The algorithm never changes here:
-// only where each stage is computed, how its loops are split, vectorized and parallelized.
+// CPU SIMD schedules for the forward pass of generators/mha_forward.h. The algorithm never
+// changes here: only where each stage is computed, how its loops are split, vectorized,
+// unrolled and parallelized.
 //
-// Shapes are run-time values (S = 1, E = 12 are legal), so every split of a data dimension uses
-// GuardWithIf: a tile never reads or writes past a buffer's edge.
+// Intermediate stages are computed in whole tiles (TailStrategy::RoundUp), which the algorithm
+// makes safe (see mha_forward.h): register tiles then have constant sizes and live in registers.
+// Only the pipeline's outputs are written with guarded tails.
 #pragma once
+
+#include <algorithm>
 
 #include "Halide.h"
 #include "mha_forward.h"
 
 namespace mha::cpu {
 
-// Loop shape of the first schedule; the autotuner's parameter sets replace these later.
+// The tunables of the CPU schedule; sizes are in f32 lanes of the target's vector unit
+// ("vectors") or in rows. `for_target` gives the hand-written defaults.
 struct ScheduleParams {
-    int vector_multiple = 2;      // output columns per register tile, in vectors
-    int projection_rows = 4;      // rows per register tile of a projection
-    int attention_rows = 4;       // query rows per attention tile
+    int vector_lanes = 8;
+    // Projections: register tile of proj_vectors x proj_rows accumulators.
+    int proj_vectors = 2;
+    int proj_rows = 6;
+    // Attention: query rows per tile whose scores and softmax stay in a tile buffer.
+    int attention_rows = 8;
+    int tiles_per_task = 4;  // attention tiles one parallel task computes in sequence
+    // Q·Kᵀ register tile: qk_vectors of keys x qk_rows queries.
+    int qk_vectors = 2;
+    int qk_rows = 4;
+    // weights·V register tile: pv_vectors of head features x pv_rows queries.
+    int pv_vectors = 2;
+    int pv_rows = 4;
+
+    static ScheduleParams for_target(const Halide::Target &target) {
+        ScheduleParams p;
+        p.vector_lanes = target.natural_vector_size<float>();
+        const bool wide_register_file = target.has_feature(Halide::Target::AVX512);
+        if (wide_register_file) {  // 32 vector registers
+            p.proj_rows = 12;
+            p.qk_rows = 8;
+            p.pv_rows = 8;
+        }
+        return p;
+    }
 };
 
-// Register-tiled GEMM for a projection: each tile accumulates rows x (vector_multiple vectors)
-// while streaming the reduction, and tiles of rows run in parallel.
-inline void schedule_projection(const StageVars &v, Projection &p, int vec,
-                                const ScheduleParams &sp) {
+// A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
+// tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
+inline void schedule_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
-    Var so("so"), si("si"), eo("eo"), ei("ei"), t("t");
-    const auto guard = TailStrategy::GuardWithIf;
-    const int cols = vec * sp.vector_multiple;
-    p.result.compute_root()
-        .split(v.s, so, si, sp.projection_rows, guard)
-        .fuse(so, v.b, t)
-        .parallel(t)
-        .vectorize(v.e, vec, guard);
-    p.result.update()
-        .split(v.s, so, si, sp.projection_rows, guard)
-        .split(v.e, eo, ei, cols, guard)
-        .reorder(ei, si, p.k, eo, so, v.b)
-        .fuse(so, v.b, t)
-        .parallel(t)
-        .vectorize(ei, vec)
+    const auto whole = TailStrategy::RoundUp;
+    const int cols = sp.vector_lanes * sp.proj_vectors;
+    Var eo("eo"), ei("ei"), so("so"), si("si"), t("t"), tb("tb");
+    Func tiles = p.result.in();
+    tiles.compute_root()
+        .split(v.e, eo, ei, cols, whole)
+        .split(v.s, so, si, sp.proj_rows, whole)
+        .reorder(ei, si, eo, so, v.b)
+        .fuse(eo, so, t)
+        .fuse(t, v.b, tb)
+        .parallel(tb)
+        .vectorize(ei, sp.vector_lanes)
+        .unroll(ei)
         .unroll(si);
+    p.result.compute_at(tiles, tb)
+        .store_in(MemoryType::Register)
+        .vectorize(v.e, sp.vector_lanes)
+        .unroll(v.e)
+        .unroll(v.s);
+    p.result.update()
+        .reorder(v.e, v.s, p.k, v.b)
+        .vectorize(v.e, sp.vector_lanes)
+        .unroll(v.e)
+        .unroll(v.s);
 }
 
-// The forward pass: projections as tiled GEMMs; the attention core per (batch x head, query
-// tile), whose scores and softmax stay in a tile-sized buffer unless the weights are an output.
-// With `weights_are_output`, softmax.weights is also a pipeline output and is computed whole.
+// The forward pass. Projections are register-tiled GEMMs. The attention core runs per
+// (batch x head, query tile): Q·Kᵀ for the tile's rows against every key, the masked softmax
+// and weights·V all stay in tile-sized buffers, so without weights requested no
+// [B, H, Sq, Sk] tensor exists. With `weights_are_output`, softmax.weights is the pipeline's
+// weights output, written once, and weights·V reads it back.
 inline void schedule_forward(ForwardStages &f, bool weights_are_output,
-                             const Halide::Target &target, const ScheduleParams &sp = {}) {
+                             const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
-    const int vec = target.natural_vector_size<float>();
+    const int vec = sp.vector_lanes;
+    const auto whole = TailStrategy::RoundUp;
     const auto guard = TailStrategy::GuardWithIf;
 
-    for (Projection *p : {&f.q_proj, &f.k_proj, &f.v_proj, &f.out_proj}) {
-        schedule_projection(v, *p, vec, sp);
+    for (Projection &p : f.input_projections) {
+        schedule_projection(v, p, sp);
     }
+    schedule_projection(v, f.out_proj, sp);
 
-    // K is stored key-major inside each head so that scores vectorize over keys with
-    // contiguous loads.
+    // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
     Var so("so"), si("si"), hb("hb");
     f.k_heads.compute_root()
         .reorder_storage(v.s, v.c, v.h, v.b)
-        .reorder(v.s, v.c, v.h, v.b)
+        .split(v.s, so, si, vec, whole)
+        .reorder(si, v.c, so, v.h, v.b)
         .fuse(v.h, v.b, hb)
         .parallel(hb)
-        .vectorize(v.s, vec, guard);
+        .vectorize(si);
 
-    // context(c, i, h, b), stored in merged-head order so merge_heads is a plain view.
-    Func context = f.context.result;
-    Var io("io"), ii("ii"), co("co"), ci("ci"), t("t");
-    context.compute_root()
-        .reorder_storage(v.c, v.h, v.i, v.b)
-        .split(v.i, io, ii, sp.attention_rows, guard)
-        .fuse(v.h, v.b, hb)
-        .fuse(io, hb, t)
-        .parallel(t)
-        .vectorize(v.c, vec, guard);
-    context.update()
-        .split(v.i, io, ii, sp.attention_rows, guard)
-        .split(v.c, co, ci, vec, guard)
-        .reorder(ci, ii, f.context.j, co, io, v.h, v.b)
-        .fuse(v.h, v.b, hb)
-        .fuse(io, hb, t)
-        .parallel(t)
-        .vectorize(ci)
-        .unroll(ii);
+    // weights·V: a wrapper over (feature, query) tiles, accumulating in registers.
+    Func context_tiles = f.context.result.in();
+    Var io("io"), ii("ii"), iop("iop"), iot("iot");
+    Var co("co"), ci("ci"), pio("pio"), pii("pii");
+    const int pv_cols = vec * sp.pv_vectors;
+    // Heads and batches are separate parallel loops, not fused: through a fused loop's
+    // modulus, bounds inference would widen each register tile to every head.
+    context_tiles.compute_root()
+        .split(v.i, io, ii, sp.attention_rows, whole)
+        .split(io, iop, iot, sp.tiles_per_task, guard)
+        .split(v.c, co, ci, pv_cols, whole)
+        .split(ii, pio, pii, sp.pv_rows, whole)
+        .reorder(ci, pii, co, pio, iot, iop, v.h, v.b)
+        .parallel(iop)
+        .parallel(v.h)
+        .parallel(v.b)
+        .vectorize(ci, vec)
+        .unroll(ci)
+        .unroll(pii);
+    f.context.result.compute_at(context_tiles, co)
+        .store_in(MemoryType::Register)
+        .vectorize(v.c, vec)
+        .unroll(v.c)
+        .unroll(v.i);
+    f.context.result.update()
+        .reorder(v.c, v.i, f.context.j, v.h, v.b)
+        .vectorize(v.c, vec)
+        .unroll(v.c)
+        .unroll(v.i);
 
-    // Scores and softmax live inside one attention tile, or inside one row block of the
-    // weights output when the caller asked for the weights.
-    Func tile_owner = context;
-    Var tile_var = t;
+    // Scores and softmax live in tile buffers allocated once per task: per attention tile of
+    // weights·V, or per row block of the weights output when the caller asked for the weights.
     MaskedSoftmax &sm = f.softmax;
+    Func tile_owner = context_tiles;
+    Var tile_loop = iot, task_loop = iop;
     if (weights_are_output) {
-        Var wo("wo"), wi("wi"), wt("wt");
+        Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
         sm.weights.compute_root()
             .split(v.i, wo, wi, sp.attention_rows, guard)
-            .fuse(v.h, v.b, hb)
-            .fuse(wo, hb, wt)
-            .parallel(wt)
+            .split(wo, wp, wot, sp.tiles_per_task, guard)
+            .reorder(v.j, wi, wot, wp, v.h, v.b)
+            .parallel(wp)
+            .parallel(v.h)
+            .parallel(v.b)
             .vectorize(v.j, vec, guard);
         tile_owner = sm.weights;
-        tile_var = wt;
+        tile_loop = wot;
+        task_loop = wp;
     } else {
-        sm.weights.compute_at(context, t).vectorize(v.j, vec, guard);
+        sm.weights.store_at(context_tiles, iop)
+            .compute_at(context_tiles, iot)
+            .vectorize(v.j, vec, whole);
     }
-    f.scores.dot.compute_at(tile_owner, tile_var).vectorize(v.j, vec, guard);
+
+    // Q·Kᵀ: a wrapper over all keys of the tile's rows, accumulating in registers.
+    Func score_tiles = f.scores.dot.in();
+    Var jo("jo"), ji("ji"), qio("qio"), qii("qii");
+    const int qk_cols = vec * sp.qk_vectors;
+    score_tiles.store_at(tile_owner, task_loop)
+        .compute_at(tile_owner, tile_loop)
+        .split(v.j, jo, ji, qk_cols, whole)
+        .split(v.i, qio, qii, sp.qk_rows, whole)
+        .reorder(ji, qii, jo, qio)
+        .vectorize(ji, vec)
+        .unroll(ji)
+        .unroll(qii);
+    f.scores.dot.compute_at(score_tiles, jo)
+        .store_in(MemoryType::Register)
+        .vectorize(v.j, vec)
+        .unroll(v.j)
+        .unroll(v.i);
     f.scores.dot.update()
         .reorder(v.j, v.i, f.scores.c)
-        .vectorize(v.j, vec, guard);
-    sm.row_max.compute_at(tile_owner, tile_var);
-    sm.exps.compute_at(tile_owner, tile_var).vectorize(v.j, vec, guard);
-    sm.row_sum.compute_at(tile_owner, tile_var);
+        .vectorize(v.j, vec)
+        .unroll(v.j)
+        .unroll(v.i);
+
+    sm.row_max.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+    sm.exps.store_at(tile_owner, task_loop)
+        .compute_at(tile_owner, tile_loop)
+        .vectorize(v.j, vec, whole);
+    sm.row_sum.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+}
+
+// A pipeline output copied out of a whole-tile stage: the only place tails are guarded.
+inline void schedule_output_copy(const StageVars &v, Halide::Func output,
+                                 const ScheduleParams &sp) {
+    using namespace Halide;
+    Var so("so"), si("si"), t("t");
+    output.compute_root()
+        .split(v.s, so, si, sp.proj_rows, TailStrategy::GuardWithIf)
+        .fuse(so, v.b, t)
+        .parallel(t)
+        .vectorize(v.e, sp.vector_lanes, TailStrategy::GuardWithIf);
 }
 
 }  // namespace mha::cpu

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "HalideRuntime.h"
+#include "kernel_abi.h"
 #include "kernel_table.h"
 #include "reference.h"
 
@@ -143,9 +144,11 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // printed or aborted.
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     mha::detail::install_error_handler();
-    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false);
+    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false,
+                                                          /*fused_qkv=*/false);
     ASSERT_NE(kernel, nullptr);
-    std::vector<float> w(12 * 12, 0.0f), b(12, 0.0f);
+    const int padded = static_cast<int>(mha::padded_features(12));
+    std::vector<float> w(12 * padded, 0.0f), b(padded, 0.0f);
     auto dense = [](const std::vector<float> &data, std::vector<int> extents) {
         std::vector<halide_dimension_t> dims;
         int stride = 1;
@@ -156,7 +159,7 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
         return dims;
     };
     auto qd = dense(p.query, {12, 5, 2}), kd = dense(p.key, {12, 7, 2});
-    auto vd = dense(p.value, {12, 6, 2}), wd = dense(w, {12, 12}), bd = dense(b, {12});
+    auto vd = dense(p.value, {12, 6, 2}), wd = dense(w, {padded, 12}), bd = dense(b, {padded});
     auto od = dense(output, {12, 5, 2});
     auto buffer = [](const void *data, std::vector<halide_dimension_t> &dims) {
         halide_buffer_t buf{};

@@ -13,12 +13,14 @@ enum class MaskKind { none, keep, block };
 struct ForwardKernel {
     MaskKind mask_kind;
     bool returns_weights;
+    bool fused_qkv;  // self-attention: query = key = value, one QKV projection
     int (*call)(void **args);  // Halide's _argv entry point
     const halide_filter_metadata_t *(*metadata)();
 };
 
 // Null when the build has no such variant.
-const ForwardKernel *find_forward_kernel(MaskKind mask_kind, bool returns_weights);
+const ForwardKernel *find_forward_kernel(MaskKind mask_kind, bool returns_weights,
+                                         bool fused_qkv);
 
 // Routes Halide's error messages to the call that raised them (through user_context) instead
 // of printing them. Replaces the process-wide halide_error handler, once.

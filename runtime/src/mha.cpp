@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "HalideRuntime.h"
+#include "kernel_abi.h"
 #include "kernel_table.h"
 
 namespace mha {
@@ -147,12 +148,24 @@ void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 
+// Writes Wᵀ of one nn.Linear into columns [column, column + E) of a row-major [E, row_width]
+// block, and its bias at the same offset.
+void pack_linear(const Linear &lin, int64_t E, int64_t row_width, int64_t column,
+                 std::vector<float> &weight_t, std::vector<float> &bias) {
+    for (int64_t out = 0; out < E; out++) {
+        for (int64_t in = 0; in < E; in++) {
+            weight_t[in * row_width + column + out] = lin.weight.data[out * E + in];
+        }
+        bias[column + out] = lin.bias ? lin.bias->data[out] : 0.0f;
+    }
+}
+
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                                        const Linear &k_proj, const Linear &v_proj,
                                        const Linear &out_proj)
-    : embed_dim_(embed_dim), num_heads_(num_heads) {
+    : embed_dim_(embed_dim), num_heads_(num_heads), padded_(padded_features(embed_dim)) {
     detail::install_error_handler();
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
@@ -164,29 +177,29 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         throw Error(fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim,
                                 num_heads));
     }
-    if (embed_dim * embed_dim > kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
-        throw Error(fmt::format("embed_dim {} is too large: an [E, E] weight exceeds the {} bytes "
-                                "a kernel addresses",
+    const int64_t E = embed_dim, P = padded_;
+    if (3 * P * E > kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
+        throw Error(fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
+                                "bytes a kernel addresses",
                                 embed_dim, kMaxBufferBytes));
     }
     const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
-    const int64_t E = embed_dim;
     for (int p = 0; p < 4; p++) {
-        const Linear &lin = *linears[p];
-        check_tensor(fmt::format("{}.weight", kProjectionNames[p]).c_str(), lin.weight, {E, E});
-        // Wᵀ, so that a projection reads each weight row contiguously across output features.
-        weight_t_[p].resize(E * E);
-        for (int64_t out = 0; out < E; out++) {
-            for (int64_t in = 0; in < E; in++) {
-                weight_t_[p][in * E + out] = lin.weight.data[out * E + in];
-            }
-        }
-        bias_[p].assign(E, 0.0f);
-        if (lin.bias) {
-            check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *lin.bias, {E});
-            std::copy(lin.bias->data, lin.bias->data + E, bias_[p].begin());
+        check_tensor(fmt::format("{}.weight", kProjectionNames[p]).c_str(), linears[p]->weight,
+                     {E, E});
+        if (linears[p]->bias) {
+            check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
+                         {E});
         }
     }
+    qkv_weight_t_.assign(E * 3 * P, 0.0f);
+    qkv_bias_.assign(3 * P, 0.0f);
+    for (int p = 0; p < 3; p++) {
+        pack_linear(*linears[p], E, 3 * P, p * P, qkv_weight_t_, qkv_bias_);
+    }
+    out_weight_t_.assign(E * P, 0.0f);
+    out_bias_.assign(P, 0.0f);
+    pack_linear(out_proj, E, P, 0, out_weight_t_, out_bias_);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -222,23 +235,30 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         check_mask(*mask, weights_shape);
         mask_kind = mask->convention == MaskConvention::keep ? MaskKind::keep : MaskKind::block;
     }
-    const ForwardKernel *kernel = detail::find_forward_kernel(mask_kind, weights.has_value());
+    // Self-attention on one tensor takes the fused QKV projection.
+    const bool fused = query.data == key.data && query.data == value.data &&
+                       query.shape == key.shape && query.shape == value.shape;
+    const ForwardKernel *kernel =
+        detail::find_forward_kernel(mask_kind, weights.has_value(), fused);
     if (kernel == nullptr) {
         throw Error("internal error: this build has no kernel for the requested variant");
     }
 
     DenseView<const float> q(query), k(key), v(value);
     DenseView<float> out(output);
-    const std::vector<int64_t> square = {E, E}, row = {E};
-    const std::vector<int64_t> square_strides = dense_strides(square), row_strides = {1};
-    BufferView wq(weight_t_[0].data(), halide_type_of<float>(), square, square_strides);
-    BufferView wk(weight_t_[1].data(), halide_type_of<float>(), square, square_strides);
-    BufferView wv(weight_t_[2].data(), halide_type_of<float>(), square, square_strides);
-    BufferView wo(weight_t_[3].data(), halide_type_of<float>(), square, square_strides);
-    BufferView bq(bias_[0].data(), halide_type_of<float>(), row, row_strides);
-    BufferView bk(bias_[1].data(), halide_type_of<float>(), row, row_strides);
-    BufferView bv(bias_[2].data(), halide_type_of<float>(), row, row_strides);
-    BufferView bo(bias_[3].data(), halide_type_of<float>(), row, row_strides);
+    const int64_t P = padded_;
+    const auto f32 = halide_type_of<float>();
+    // Views into the packed weights: the fused [in, 3P] block, or one P-wide block of it.
+    BufferView qkv_w(qkv_weight_t_.data(), f32, {E, 3 * P}, {3 * P, 1});
+    BufferView qkv_b(qkv_bias_.data(), f32, {3 * P}, {1});
+    BufferView wq(qkv_weight_t_.data(), f32, {E, P}, {3 * P, 1});
+    BufferView wk(qkv_weight_t_.data() + P, f32, {E, P}, {3 * P, 1});
+    BufferView wv(qkv_weight_t_.data() + 2 * P, f32, {E, P}, {3 * P, 1});
+    BufferView bq(qkv_bias_.data(), f32, {P}, {1});
+    BufferView bk(qkv_bias_.data() + P, f32, {P}, {1});
+    BufferView bv(qkv_bias_.data() + 2 * P, f32, {P}, {1});
+    BufferView wo(out_weight_t_.data(), f32, {E, P}, {P, 1});
+    BufferView bo(out_bias_.data(), f32, {P}, {1});
     std::optional<MaskView> mask_view;
     if (mask) {
         mask_view.emplace(*mask, weights_shape);
@@ -249,20 +269,22 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     }
     int32_t heads = static_cast<int32_t>(H);
     detail::call_kernel(*kernel, {{"query", q.raw()},
-                          {"key", k.raw()},
-                          {"value", v.raw()},
-                          {"q_weight_t", wq.raw()},
-                          {"k_weight_t", wk.raw()},
-                          {"v_weight_t", wv.raw()},
-                          {"out_weight_t", wo.raw()},
-                          {"q_bias", bq.raw()},
-                          {"k_bias", bk.raw()},
-                          {"v_bias", bv.raw()},
-                          {"out_bias", bo.raw()},
-                          {"num_heads", &heads},
-                          {"mask", mask_view ? mask_view->raw() : nullptr},
-                          {"weights", weights_view ? weights_view->raw() : nullptr},
-                          {"output", out.raw()}});
+                                  {"key", k.raw()},
+                                  {"value", v.raw()},
+                                  {"qkv_weight_t", qkv_w.raw()},
+                                  {"qkv_bias", qkv_b.raw()},
+                                  {"q_weight_t", wq.raw()},
+                                  {"k_weight_t", wk.raw()},
+                                  {"v_weight_t", wv.raw()},
+                                  {"out_weight_t", wo.raw()},
+                                  {"q_bias", bq.raw()},
+                                  {"k_bias", bk.raw()},
+                                  {"v_bias", bv.raw()},
+                                  {"out_bias", bo.raw()},
+                                  {"num_heads", &heads},
+                                  {"mask", mask_view ? mask_view->raw() : nullptr},
+                                  {"weights", weights_view ? weights_view->raw() : nullptr},
+                                  {"output", out.raw()}});
 }
 
 }  // namespace mha

@@ -74,9 +74,11 @@ public:
 private:
     int64_t embed_dim_;
     int64_t num_heads_;
-    // Wᵀ per projection ([in, out] row-major) and its bias, in the order q, k, v, out.
-    std::vector<float> weight_t_[4];
-    std::vector<float> bias_[4];
+    int64_t padded_;  // output features per prepacked projection, zero-padded past embed_dim
+    // Wqᵀ, Wkᵀ, Wvᵀ side by side ([in, 3 x padded] row-major) and their biases: the fused QKV
+    // projection reads all three, the separate projections one block each.
+    std::vector<float> qkv_weight_t_, qkv_bias_;
+    std::vector<float> out_weight_t_, out_bias_;  // [in, padded], [padded]
 };
 
 }  // namespace mha

@@ -36,7 +36,7 @@ struct ForwardInputs {
 // Every stage of the forward pass, kept so that a schedule can place each one.
 struct ForwardStages {
     StageVars v;
-    Halide::Expr head_dim;
+    Halide::Expr head_dim, query_len;
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
     Halide::Func q_proj, k_proj, v_proj;         // (e, s, b)
     Halide::Func q_heads, k_heads, v_heads;
@@ -52,6 +52,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     ForwardStages f;
     const StageVars &v = f.v;
     f.head_dim = in.embed_dim / in.num_heads;
+    f.query_len = in.query_len;
     if (in.qkv_weight_t.defined()) {
         Projection qkv = linear_projection(v, in.query, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");

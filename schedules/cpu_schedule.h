@@ -23,7 +23,7 @@ struct ScheduleParams {
     int proj_rows = 6;
     // Attention: query rows per tile whose scores and softmax stay in a tile buffer.
     int attention_rows = 8;
-    int tiles_per_task = 4;  // attention tiles one parallel task computes in sequence
+    int tasks_per_head = 4;  // parallel tasks per (batch, head), each a run of query tiles
     // Q·Kᵀ register tile: qk_vectors of keys x qk_rows queries.
     int qk_vectors = 2;
     int qk_rows = 4;
@@ -86,6 +86,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
     const auto guard = TailStrategy::GuardWithIf;
+    // Each task's tile buffers are allocated once, so a fixed number of tasks per head keeps
+    // the allocations per call independent of the sequence length.
+    const Expr query_tiles = (f.query_len + sp.attention_rows - 1) / sp.attention_rows;
+    const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
 
     for (Projection &p : f.input_projections) {
         schedule_projection(v, p, sp);
@@ -111,7 +115,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     // modulus, bounds inference would widen each register tile to every head.
     context_tiles.compute_root()
         .split(v.i, io, ii, sp.attention_rows, whole)
-        .split(io, iop, iot, sp.tiles_per_task, guard)
+        .split(io, iop, iot, tiles_per_task, guard)
         .split(v.c, co, ci, pv_cols, whole)
         .split(ii, pio, pii, sp.pv_rows, whole)
         .reorder(ci, pii, co, pio, iot, iop, v.h, v.b)
@@ -141,7 +145,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
         sm.weights.compute_root()
             .split(v.i, wo, wi, sp.attention_rows, guard)
-            .split(wo, wp, wot, sp.tiles_per_task, guard)
+            .split(wo, wp, wot, tiles_per_task, guard)
             .reorder(v.j, wi, wot, wp, v.h, v.b)
             .parallel(wp)
             .parallel(v.h)

@@ -31,6 +31,7 @@ Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention) {
     std::mt19937_64 rng(seed);
     Problem p;
     p.dims = dims;
+    p.self_attention = self_attention;
     const int64_t E = dims.embed_dim;
     p.query = uniform(dims.batch * dims.query_len * E, 1.0f, rng);
     if (self_attention) {
@@ -75,10 +76,12 @@ Tensor query_view(const Problem &p) {
     return {p.query.data(), {p.dims.batch, p.dims.query_len, p.dims.embed_dim}};
 }
 Tensor key_view(const Problem &p) {
-    return {p.key.data(), {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+    return {(p.self_attention ? p.query : p.key).data(),
+            {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
 }
 Tensor value_view(const Problem &p) {
-    return {p.value.data(), {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+    return {(p.self_attention ? p.query : p.value).data(),
+            {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
 }
 std::optional<Mask> mask_view(const Problem &p) {
     if (!p.mask_convention) {

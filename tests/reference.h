@@ -19,6 +19,7 @@ struct Dims {
 // One problem: inputs, the four nn.Linear layers, and an optional mask.
 struct Problem {
     Dims dims;
+    bool self_attention = false;           // key and value views show `query` itself
     std::vector<float> query, key, value;  // [B, Sq, E], [B, Sk, E], [B, Sk, E]
     std::vector<float> weight[4];          // q, k, v, out: [E, E] in [out, in] layout
     std::vector<float> bias[4];            // [E]
@@ -27,8 +28,8 @@ struct Problem {
     std::vector<uint8_t> mask;
 };
 
-// Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention shares one tensor for
-// query, key and value (Sq must equal Sk).
+// Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
+// query, key and value (Sq must equal Sk), which selects the fused QKV kernels.
 Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = false);
 
 // Adds a random mask of `shape` (about a third of positions blocked) in `convention`.

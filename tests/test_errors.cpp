@@ -143,7 +143,7 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // API would have refused) comes back as mha::Error carrying Halide's own message, and nothing is
 // printed or aborted.
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
-    mha::detail::install_error_handler();
+    mha::detail::install_runtime_hooks();
     const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false,
                                                           /*fused_qkv=*/false);
     ASSERT_NE(kernel, nullptr);

@@ -22,12 +22,39 @@ void route_halide_error(void *user_context, const char *message) {
     }
 }
 
+bool has_feature(const uint64_t *features, halide_target_feature_t f) {
+    return (features[f / 64] >> (f % 64)) & 1;
+}
+
+thread_local const char *dispatched = "";
+thread_local const char *last_kernel = "";
+
+// Halide's multi-target dispatch asks this for each compiled target, best first, and runs the
+// first accepted: remember which one that was.
+int observe_dispatch(int count, const uint64_t *features) {
+    const int usable = halide_default_can_use_target_features(count, features);
+    if (usable) {
+        dispatched = has_feature(features, halide_target_feature_avx512_skylake) ? "avx512"
+                     : has_feature(features, halide_target_feature_avx2)        ? "avx2"
+                     : has_feature(features, halide_target_feature_sse41)       ? "sse41"
+                                                                                : "x86-64";
+    }
+    return usable;
+}
+
 }  // namespace
 
-void install_error_handler() {
+void install_runtime_hooks() {
     static std::once_flag once;
-    std::call_once(once, [] { halide_set_error_handler(&route_halide_error); });
+    std::call_once(once, [] {
+        halide_set_error_handler(&route_halide_error);
+        halide_set_custom_can_use_target_features(&observe_dispatch);
+    });
 }
+
+const char *dispatched_isa() { return dispatched; }
+
+const char *last_kernel_name() { return last_kernel; }
 
 void call_kernel(const ForwardKernel &kernel, std::initializer_list<NamedArgument> named) {
     const halide_filter_metadata_t *md = kernel.metadata();
@@ -51,6 +78,7 @@ void call_kernel(const ForwardKernel &kernel, std::initializer_list<NamedArgumen
         }
         args.push_back(value);
     }
+    last_kernel = md->name;
     const int result = kernel.call(args.data());
     if (result != 0) {
         throw Error(fmt::format("kernel {} failed (Halide error {}): {}", md->name, result,

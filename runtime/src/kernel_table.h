@@ -22,9 +22,17 @@ struct ForwardKernel {
 const ForwardKernel *find_forward_kernel(MaskKind mask_kind, bool returns_weights,
                                          bool fused_qkv);
 
-// Routes Halide's error messages to the call that raised them (through user_context) instead
-// of printing them. Replaces the process-wide halide_error handler, once.
-void install_error_handler();
+// Once per process: routes Halide's error messages to the call that raised them (through
+// user_context) instead of printing them, and observes which compiled target Halide's run-time
+// dispatch picks. Replaces the process-wide halide_error and can_use_target_features hooks.
+void install_runtime_hooks();
+
+// The instruction set ("avx512", "avx2", "sse41") of the kernel that the last dispatch on this
+// thread chose; empty before any.
+const char *dispatched_isa();
+
+// The name of the kernel the last call_kernel on this thread ran.
+const char *last_kernel_name();
 
 struct NamedArgument {
     const char *name;

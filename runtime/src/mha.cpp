@@ -166,7 +166,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                                        const Linear &k_proj, const Linear &v_proj,
                                        const Linear &out_proj)
     : embed_dim_(embed_dim), num_heads_(num_heads), padded_(padded_features(embed_dim)) {
-    detail::install_error_handler();
+    detail::install_runtime_hooks();
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
     }
@@ -286,5 +286,7 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
                                   {"weights", weights_view ? weights_view->raw() : nullptr},
                                   {"output", out.raw()}});
 }
+
+std::string dispatched_isa() { return detail::dispatched_isa(); }
 
 }  // namespace mha

@@ -81,4 +81,9 @@ private:
     std::vector<float> out_weight_t_, out_bias_;  // [in, padded], [padded]
 };
 
+// The instruction set of the kernel that Halide's run-time dispatch chose for the most recent
+// forward() on this thread: "avx512", "avx2" or "sse41" (the library carries all three and
+// runs the best one the CPU supports); empty before the first call.
+std::string dispatched_isa();
+
 }  // namespace mha

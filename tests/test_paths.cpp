@@ -1,0 +1,127 @@
+// Which code ran: the ISA Halide's dispatch chose, the fused QKV kernels for self-attention, and
+// the fused attention core that never allocates a [B, H, Sq, Sk] tensor.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+#include "HalideRuntime.h"
+#include "kernel_table.h"
+#include "reference.h"
+
+namespace {
+
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+void run(const Problem &p, bool with_weights, std::vector<float> &output,
+         std::vector<float> &weights) {
+    const Dims &d = p.dims;
+    output.assign(d.batch * d.query_len * d.embed_dim, NAN);
+    std::optional<mha::MutableTensor> w;
+    if (with_weights) {
+        weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+        w = mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    mha::reference::make_module(p).forward(
+        mha::reference::query_view(p), mha::reference::key_view(p), mha::reference::value_view(p),
+        {output.data(), {d.batch, d.query_len, d.embed_dim}}, mha::reference::mask_view(p), w);
+}
+
+// The best ISA this CPU offers among the compiled targets, found without Halide.
+std::string best_isa_of_this_cpu() {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma")) {
+        return "avx512";
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return "avx2";
+    }
+    return "sse41";
+}
+
+TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {
+    EXPECT_EQ(mha::dispatched_isa(), "");
+    const Problem p = mha::reference::random_problem({1, 7, 7, 24, 3}, std::random_device{}());
+    std::vector<float> out, w;
+    run(p, false, out, w);
+    std::cout << "[ dispatch ] this CPU ran the " << mha::dispatched_isa() << " kernels\n";
+    RecordProperty("dispatched_isa", mha::dispatched_isa());
+    EXPECT_EQ(mha::dispatched_isa(), best_isa_of_this_cpu());
+}
+
+TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
+    for (const Dims d : {Dims{2, 9, 9, 24, 3}, Dims{1, 1, 1, 12, 3}, Dims{3, 17, 17, 40, 1}}) {
+        const Problem p = mha::reference::random_problem(d, std::random_device{}(), true);
+        std::vector<float> out, w;
+        run(p, true, out, w);
+        EXPECT_NE(std::string(mha::detail::last_kernel_name()).find("_fused"), std::string::npos)
+            << mha::detail::last_kernel_name();
+        const auto want = mha::reference::forward(p);
+        EXPECT_LT(mha::reference::relative_l2(out, want.output), 1e-5);
+        EXPECT_LT(mha::reference::relative_l2(w, want.weights), 1e-5);
+    }
+}
+
+TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
+    Problem fused = mha::reference::random_problem({2, 6, 6, 20, 4}, std::random_device{}(), true);
+    Problem separate = fused;
+    separate.self_attention = false;  // key and value are copies of query, not the same memory
+    std::vector<float> out_fused, out_separate, w;
+    run(fused, false, out_fused, w);
+    ASSERT_NE(std::string(mha::detail::last_kernel_name()).find("_fused"), std::string::npos);
+    run(separate, false, out_separate, w);
+    EXPECT_NE(std::string(mha::detail::last_kernel_name()).find("_separate"), std::string::npos);
+    for (size_t n = 0; n < out_fused.size(); n++) {
+        ASSERT_NEAR(out_fused[n], out_separate[n], 1e-5 * (1 + std::abs(out_separate[n])));
+    }
+}
+
+// Halide's heap allocations during one call, through its custom allocator hooks.
+struct AllocationLog {
+    static inline std::atomic<size_t> count{0}, largest{0};
+    static void *allocate(void *, size_t bytes) {
+        count++;
+        size_t seen = largest.load();
+        while (bytes > seen && !largest.compare_exchange_weak(seen, bytes)) {
+        }
+        // Halide expects its allocations aligned to at least 32 bytes; 128 covers AVX-512.
+        return aligned_alloc(128, (bytes + 127) / 128 * 128);
+    }
+    static void release(void *, void *ptr) { free(ptr); }
+    static void reset() { count = 0, largest = 0; }
+};
+
+TEST(FusedAttention, NoScoresTensorAndAllocationsIndependentOfLength) {
+    halide_malloc_t old_malloc = halide_set_custom_malloc(&AllocationLog::allocate);
+    halide_free_t old_free = halide_set_custom_free(&AllocationLog::release);
+    std::vector<size_t> counts;
+    for (const int64_t S : {64, 256, 512}) {
+        const Dims d{1, S, S, 64, 2};
+        const Problem p = mha::reference::random_problem(d, std::random_device{}());
+        std::vector<float> out, w;
+        run(p, false, out, w);  // warm-up: Halide's thread pool allocates on first use
+        AllocationLog::reset();
+        run(p, false, out, w);
+        const size_t scores_bytes = sizeof(float) * d.batch * d.num_heads * d.query_len * d.key_len;
+        // The largest buffer is a projection's output [S, padded E], never [B, H, Sq, Sk].
+        EXPECT_LT(AllocationLog::largest.load(), scores_bytes) << "S = " << S;
+        counts.push_back(AllocationLog::count.load());
+        const auto want = mha::reference::forward(p);
+        EXPECT_LT(mha::reference::relative_l2(out, want.output), 1e-5);
+    }
+    halide_set_custom_malloc(old_malloc);
+    halide_set_custom_free(old_free);
+    // Per-task tile buffers, not per-tile: the count does not grow with the sequence length.
+    EXPECT_EQ(*std::max_element(counts.begin(), counts.end()) -
+                  *std::min_element(counts.begin(), counts.end()),
+              0u)
+        << "allocations per call: " << counts[0] << ", " << counts[1] << ", " << counts[2];
+}
+
+}  // namespace

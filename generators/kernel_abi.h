@@ -6,13 +6,20 @@
 
 namespace mha {
 
-// Widest tile, in features, that a schedule may round a projection or a head up to.
+// Widest tile, in features, that a schedule may round a head or a projection up to; tiles over
+// features must divide it.
 inline constexpr int kMaxTile = 64;
 
+inline constexpr int64_t round_up(int64_t x, int64_t multiple) {
+    return (x + multiple - 1) / multiple * multiple;
+}
+
 // Output features each prepacked projection weight Wᵀ (and bias) is padded to with zeros, so a
-// schedule may compute whole tiles past E (see mha_forward.h).
-inline constexpr int64_t padded_features(int64_t embed_dim) {
-    return (embed_dim + kMaxTile - 1) / kMaxTile * kMaxTile + kMaxTile;
+// schedule may compute whole tiles past E (see mha_forward.h): far enough for the last head
+// rounded up to a whole tile, itself rounded up to a whole tile.
+inline constexpr int64_t padded_features(int64_t embed_dim, int64_t num_heads) {
+    const int64_t head_dim = embed_dim / num_heads;
+    return round_up(embed_dim - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
 }
 
 }  // namespace mha

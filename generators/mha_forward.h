@@ -4,10 +4,11 @@
 // Whole tiles. A schedule may compute any intermediate stage over a region rounded up to its
 // tiles, so that register tiles have constant sizes and no buffer is sized at run time inside a
 // hot loop. That is safe because every read past the end of real data is defined:
-//  - sequence positions of query/key/value and mask rows/columns are read through repeat-edge
-//    boundary conditions (the generator applies them);
+//  - projections read token rows past the end as the last token (token_rows);
+//  - mask rows/columns are read through repeat-edge boundary conditions (the generator);
 //  - the runtime pads each prepacked Wᵀ and bias with zero output features up to
-//    `padded_features(E)`, which covers any head or projection tile of up to kMaxTile features;
+//    `padded_features(E, H)` (kernel_abi.h), which covers head and projection tiles that
+//    divide kMaxTile features;
 //  - an output that the pipeline also consumes (the attention weights) is read through a clamp.
 // Values computed past the ends are never used by a real output element.
 #pragma once
@@ -19,7 +20,7 @@ namespace mha {
 
 // What the forward pass reads, as Halide functions with their run-time extents.
 struct ForwardInputs {
-    Halide::Func query, key, value;  // (e, s, b), sequence dimension extended by repeat-edge
+    Halide::Func query, key, value;  // (e, s, b)
     // Separate projections: (padded out, in) Wᵀ and (padded out) bias per projection.
     Halide::Func q_weight_t, k_weight_t, v_weight_t, q_bias, k_bias, v_bias;
     // Fused QKV (self-attention, query = key = value): Wq, Wk, Wv stacked along the output
@@ -30,7 +31,7 @@ struct ForwardInputs {
     Halide::Func mask;  // (j, i, h, b) extended by repeat-edge, or undefined
     MaskKind mask_kind = MaskKind::none;
     bool weights_are_output = false;
-    Halide::Expr embed_dim, num_heads, query_len, num_keys;
+    Halide::Expr embed_dim, num_heads, query_len, num_keys, batch;
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
@@ -38,13 +39,14 @@ struct ForwardStages {
     StageVars v;
     Halide::Expr head_dim, query_len;
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
-    Halide::Func q_proj, k_proj, v_proj;         // (e, s, b)
+    Halide::Func q_proj, k_proj, v_proj;         // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
     ScaledScores scores;
     MaskedSoftmax softmax;
     AttendValues context;
     Halide::Func merged;
     Projection out_proj;
+    Halide::Func output;  // (e, s, b) view of out_proj's rows
 };
 
 inline ForwardStages define_forward(const ForwardInputs &in) {
@@ -53,24 +55,25 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     const StageVars &v = f.v;
     f.head_dim = in.embed_dim / in.num_heads;
     f.query_len = in.query_len;
+    const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
+    const Func query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
-        Projection qkv = linear_projection(v, in.query, in.qkv_weight_t, in.qkv_bias,
+        Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");
-        f.q_proj = Func("q_proj");
-        f.k_proj = Func("k_proj");
-        f.v_proj = Func("v_proj");
-        f.q_proj(v.e, v.s, v.b) = qkv.result(v.e, v.s, v.b);
-        f.k_proj(v.e, v.s, v.b) = qkv.result(v.e + in.padded, v.s, v.b);
-        f.v_proj(v.e, v.s, v.b) = qkv.result(v.e + 2 * in.padded, v.s, v.b);
+        f.q_proj = token_view(v, qkv.result, Sq, 0, "q_proj");
+        f.k_proj = token_view(v, qkv.result, Sq, in.padded, "k_proj");
+        f.v_proj = token_view(v, qkv.result, Sq, 2 * in.padded, "v_proj");
         f.input_projections = {qkv};
     } else {
         f.input_projections = {
-            linear_projection(v, in.query, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
-            linear_projection(v, in.key, in.k_weight_t, in.k_bias, in.embed_dim, "k_proj"),
-            linear_projection(v, in.value, in.v_weight_t, in.v_bias, in.embed_dim, "v_proj")};
-        f.q_proj = f.input_projections[0].result;
-        f.k_proj = f.input_projections[1].result;
-        f.v_proj = f.input_projections[2].result;
+            linear_projection(v, query_rows, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
+            linear_projection(v, token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t,
+                              in.k_bias, in.embed_dim, "k_proj"),
+            linear_projection(v, token_rows(v, in.value, Sk, B, "value_rows"), in.v_weight_t,
+                              in.v_bias, in.embed_dim, "v_proj")};
+        f.q_proj = token_view(v, f.input_projections[0].result, Sq, 0, "q_view");
+        f.k_proj = token_view(v, f.input_projections[1].result, Sk, 0, "k_view");
+        f.v_proj = token_view(v, f.input_projections[2].result, Sk, 0, "v_view");
     }
     f.q_heads = split_heads(v, f.q_proj, f.head_dim, "q_heads");
     f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
@@ -85,8 +88,9 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     }
     f.context = attend_values(v, weights, f.v_heads, in.num_keys);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
-    f.out_proj = linear_projection(v, f.merged, in.out_weight_t, in.out_bias, in.embed_dim,
-                                   "out_proj");
+    f.out_proj = linear_projection(v, token_rows(v, f.merged, Sq, B, "merged_rows"),
+                                   in.out_weight_t, in.out_bias, in.embed_dim, "out_proj");
+    f.output = token_view(v, f.out_proj.result, Sq, 0, "output_view");
     return f;
 }
 

@@ -62,14 +62,12 @@ public:
     }
 
     void generate() {
-        using BoundaryConditions::repeat_edge;
-        const Expr unbounded;
         mha::ForwardInputs in;
         in.embed_dim = query.dim(0).extent();
         in.num_heads = num_heads;
         in.query_len = query.dim(1).extent();
-        // Sequence positions past the end repeat the last one: whole tiles may be computed.
-        in.query = repeat_edge(query, {{unbounded, unbounded}, {0, in.query_len}});
+        in.batch = query.dim(2).extent();
+        in.query = query;
         if (fused_qkv) {
             in.num_keys = in.query_len;
             in.key = in.value = in.query;
@@ -78,8 +76,8 @@ public:
             in.padded = qkv_weight_t->dim(0).extent() / 3;
         } else {
             in.num_keys = key->dim(1).extent();
-            in.key = repeat_edge(*key, {{unbounded, unbounded}, {0, in.num_keys}});
-            in.value = repeat_edge(*value, {{unbounded, unbounded}, {0, in.num_keys}});
+            in.key = *key;
+            in.value = *value;
             in.q_weight_t = *q_weight_t;
             in.k_weight_t = *k_weight_t;
             in.v_weight_t = *v_weight_t;
@@ -91,14 +89,15 @@ public:
         in.out_bias = out_bias;
         if (mask) {
             allow_mask_broadcast(*mask);
-            in.mask = repeat_edge(*mask, {{0, in.num_keys}, {0, in.query_len}});
+            // Whole attention tiles may read past the last query and key: repeat the edge.
+            in.mask = BoundaryConditions::repeat_edge(*mask, {{0, in.num_keys}, {0, in.query_len}});
         }
         in.mask_kind = mask_kind;
         in.weights_are_output = return_weights;
         stages_ = mha::define_forward(in);
         // The output is a guarded copy of the whole-tile output projection.
         output(stages_.v.e, stages_.v.s, stages_.v.b) =
-            stages_.out_proj.result(stages_.v.e, stages_.v.s, stages_.v.b);
+            stages_.output(stages_.v.e, stages_.v.s, stages_.v.b);
         if (weights) {
             *weights = stages_.softmax.weights;
         }
@@ -131,7 +130,11 @@ public:
     Output<Buffer<float, 3>> y{"y"};
 
     void generate() {
-        y = mha::linear_projection(v_, x, weight_t, bias, x.dim(0).extent(), "projection").result;
+        const Expr seq_len = x.dim(1).extent(), batch = x.dim(2).extent();
+        const Func rows = mha::token_rows(v_, x, seq_len, batch, "rows");
+        const Func y_rows =
+            mha::linear_projection(v_, rows, weight_t, bias, x.dim(0).extent(), "projection").result;
+        y = mha::token_view(v_, y_rows, seq_len, 0, "projection_view");
     }
     void schedule() { schedule_stage_output(y, get_target()); }
 

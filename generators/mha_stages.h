@@ -21,23 +21,44 @@ struct StageVars {
     Halide::Var h{"h"};  // head
     Halide::Var i{"i"};  // query position
     Halide::Var j{"j"};  // key position
+    Halide::Var r{"r"};  // token row: position + batch x sequence length
 };
 
 // The score a blocked position gets, as in the seed (masked_fill(mask == 0, -1e9)): a fully
 // masked row then has equal scores everywhere and softmax gives uniform weights, never NaN.
 inline constexpr float kMaskedScore = -1e9f;
 
-// y(e, s, b) = bias(e) + sum_k x(k, s, b) * weight_t(e, k): nn.Linear with Wᵀ prepacked.
+// nn.Linear applies to every token alike, so a projection sees [B, S, E] as B·S rows:
+// rows(e, r) = x(e, r mod S, r / S). Rows past the end repeat the last token, so that schedules
+// may compute whole tiles of rows.
+inline Halide::Func token_rows(const StageVars &v, const Halide::Func &x, const Halide::Expr &seq_len,
+                               const Halide::Expr &batch, const std::string &name) {
+    Halide::Func rows(name);
+    Halide::Expr r = Halide::clamp(v.r, 0, seq_len * batch - 1);
+    rows(v.e, v.r) = x(v.e, r % seq_len, r / seq_len);
+    return rows;
+}
+
+// The inverse view: (e, s, b) of a function of token rows.
+inline Halide::Func token_view(const StageVars &v, const Halide::Func &rows,
+                               const Halide::Expr &seq_len, const Halide::Expr &feature_offset,
+                               const std::string &name) {
+    Halide::Func x(name);
+    x(v.e, v.s, v.b) = rows(v.e + feature_offset, v.s + v.b * seq_len);
+    return x;
+}
+
+// y(e, r) = bias(e) + sum_k x(k, r) * weight_t(e, k): nn.Linear over token rows, Wᵀ prepacked.
 struct Projection {
     Halide::Func result;
     Halide::RDom k;
 };
-inline Projection linear_projection(const StageVars &v, const Halide::Func &x,
+inline Projection linear_projection(const StageVars &v, const Halide::Func &rows,
                                     const Halide::Func &weight_t, const Halide::Func &bias,
                                     const Halide::Expr &in_features, const std::string &name) {
     Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k")};
-    p.result(v.e, v.s, v.b) = bias(v.e);
-    p.result(v.e, v.s, v.b) += x(p.k, v.s, v.b) * weight_t(v.e, p.k);
+    p.result(v.e, v.r) = bias(v.e);
+    p.result(v.e, v.r) += rows(p.k, v.r) * weight_t(v.e, p.k);
     return p;
 }
 
@@ -91,9 +112,12 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const Halide::Func &scor
         Expr blocked = kind == MaskKind::keep ? flag == 0 : flag != 0;
         m.masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
     }
-    m.row_max(v.i, v.h, v.b) = maximum(m.masked(m.max_j, v.i, v.h, v.b));
+    // The row reductions are explicit updates, so that schedules can vectorize them (rfactor).
+    m.row_max(v.i, v.h, v.b) = Float(32).min();
+    m.row_max(v.i, v.h, v.b) = max(m.row_max(v.i, v.h, v.b), m.masked(m.max_j, v.i, v.h, v.b));
     m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
-    m.row_sum(v.i, v.h, v.b) = sum(m.exps(m.sum_j, v.i, v.h, v.b));
+    m.row_sum(v.i, v.h, v.b) = 0.0f;
+    m.row_sum(v.i, v.h, v.b) += m.exps(m.sum_j, v.i, v.h, v.b);
     m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) / m.row_sum(v.i, v.h, v.b);
     return m;
 }

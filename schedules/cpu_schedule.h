@@ -44,34 +44,42 @@ struct ScheduleParams {
     }
 };
 
+// Feature tiles must divide kMaxTile, the reach of the weights' zero padding.
+inline void require_divides_max_tile(int features, const char *stage) {
+    if (kMaxTile % features != 0) {
+        throw Halide::CompileError(std::string(stage) + " tile of " + std::to_string(features) +
+                                   " features does not divide " + std::to_string(kMaxTile));
+    }
+}
+
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
 // tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
 inline void schedule_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
     const auto whole = TailStrategy::RoundUp;
     const int cols = sp.vector_lanes * sp.proj_vectors;
-    Var eo("eo"), ei("ei"), so("so"), si("si"), t("t"), tb("tb");
+    require_divides_max_tile(cols, "projection");
+    Var eo("eo"), ei("ei"), ro("ro"), ri("ri"), t("t");
     Func tiles = p.result.in();
     tiles.compute_root()
         .split(v.e, eo, ei, cols, whole)
-        .split(v.s, so, si, sp.proj_rows, whole)
-        .reorder(ei, si, eo, so, v.b)
-        .fuse(eo, so, t)
-        .fuse(t, v.b, tb)
-        .parallel(tb)
+        .split(v.r, ro, ri, sp.proj_rows, whole)
+        .reorder(ei, ri, eo, ro)
+        .fuse(eo, ro, t)
+        .parallel(t)
         .vectorize(ei, sp.vector_lanes)
         .unroll(ei)
-        .unroll(si);
-    p.result.compute_at(tiles, tb)
+        .unroll(ri);
+    p.result.compute_at(tiles, t)
         .store_in(MemoryType::Register)
         .vectorize(v.e, sp.vector_lanes)
         .unroll(v.e)
-        .unroll(v.s);
+        .unroll(v.r);
     p.result.update()
-        .reorder(v.e, v.s, p.k, v.b)
+        .reorder(v.e, v.r, p.k)
         .vectorize(v.e, sp.vector_lanes)
         .unroll(v.e)
-        .unroll(v.s);
+        .unroll(v.r);
 }
 
 // The forward pass. Projections are register-tiled GEMMs. The attention core runs per
@@ -111,6 +119,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     Var io("io"), ii("ii"), iop("iop"), iot("iot");
     Var co("co"), ci("ci"), pio("pio"), pii("pii");
     const int pv_cols = vec * sp.pv_vectors;
+    require_divides_max_tile(pv_cols, "weights·V");
     // Heads and batches are separate parallel loops, not fused: through a fused loop's
     // modulus, bounds inference would widen each register tile to every head.
     context_tiles.compute_root()
@@ -183,11 +192,27 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .unroll(v.j)
         .unroll(v.i);
 
-    sm.row_max.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+    // Row reductions vectorized across keys: rfactor into vector-wide partial results.
+    for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
+        RVar rjo("rjo"), rji("rji");
+        Var lane("lane");
+        row.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+        Func partial = row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
+        partial.compute_at(tile_owner, tile_loop)
+            .reorder_storage(lane, v.i, v.h, v.b)
+            .vectorize(lane);
+        partial.update().vectorize(lane);
+    }
     sm.exps.store_at(tile_owner, task_loop)
         .compute_at(tile_owner, tile_loop)
         .vectorize(v.j, vec, whole);
-    sm.row_sum.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+    // A task's tiles reuse one tile's worth of storage.
+    for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum}) {
+        tile_buffer.fold_storage(v.i, sp.attention_rows);
+    }
+    if (!weights_are_output) {
+        sm.weights.fold_storage(v.i, sp.attention_rows);
+    }
 }
 
 // A pipeline output copied out of a whole-tile stage: the only place tails are guarded.

@@ -147,7 +147,7 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false,
                                                           /*fused_qkv=*/false);
     ASSERT_NE(kernel, nullptr);
-    const int padded = static_cast<int>(mha::padded_features(12));
+    const int padded = static_cast<int>(mha::padded_features(12, 3));
     std::vector<float> w(12 * padded, 0.0f), b(padded, 0.0f);
     auto dense = [](const std::vector<float> &data, std::vector<int> extents) {
         std::vector<halide_dimension_t> dims;

@@ -165,7 +165,7 @@ void pack_linear(const Linear &lin, int64_t E, int64_t row_width, int64_t column
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                                        const Linear &k_proj, const Linear &v_proj,
                                        const Linear &out_proj)
-    : embed_dim_(embed_dim), num_heads_(num_heads), padded_(padded_features(embed_dim)) {
+    : embed_dim_(embed_dim), num_heads_(num_heads) {
     detail::install_runtime_hooks();
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
@@ -177,6 +177,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         throw Error(fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim,
                                 num_heads));
     }
+    padded_ = padded_features(embed_dim, num_heads);
     const int64_t E = embed_dim, P = padded_;
     if (3 * P * E > kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
         throw Error(fmt::format("embed_dim {} is too large: the packed weights exceed the {} "

@@ -74,7 +74,7 @@ public:
 private:
     int64_t embed_dim_;
     int64_t num_heads_;
-    int64_t padded_;  // output features per prepacked projection, zero-padded past embed_dim
+    int64_t padded_ = 0;  // output features per prepacked projection, zero-padded past embed_dim
     // Wqᵀ, Wkᵀ, Wvᵀ side by side ([in, 3 x padded] row-major) and their biases: the fused QKV
     // projection reads all three, the separate projections one block each.
     std::vector<float> qkv_weight_t_, qkv_bias_;

@@ -125,13 +125,6 @@ void print_dimension_flow(const Dims &d) {
     line("output", shape({B, Sq, E}));
 }
 
-double forward_flops(const Dims &d) {
-    const double B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim;
-    // 2 FLOPs per multiply-add: Q and output projections over Sq rows, K and V over Sk rows,
-    // then Q·Kᵀ and weights·V.
-    return 2 * E * E * B * (2 * Sq + 2 * Sk) + 2 * 2 * B * Sq * Sk * E;
-}
-
 int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given;
@@ -188,7 +181,7 @@ int run(const Options &o) {
     std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
     const double median = ms[ms.size() / 2];
     fmt::print("forward pass: median {:.4f} ms over {} runs, {:.1f} GFLOP/s\n", median, o.repeats,
-               forward_flops(d) / (median * 1e6));
+               d.forward_flops() / (median * 1e6));
     return 0;
 }
 

@@ -93,7 +93,8 @@ struct MaskedSoftmax {
     Halide::Func row_max;  // max over keys
     Halide::Func exps;     // exp(masked - row_max)
     Halide::Func row_sum;  // sum over keys of exps
-    Halide::Func weights;  // exps / row_sum
+    Halide::Func inv_sum;  // 1 / row_sum
+    Halide::Func weights;  // exps * inv_sum
     Halide::RDom max_j, sum_j;
 };
 // `mask` is read only for keep (0 = blocked, the PyTorch article) and block (nonzero = blocked,
@@ -102,8 +103,9 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const Halide::Func &scor
                                     const Halide::Func &mask, MaskKind kind,
                                     const Halide::Expr &num_keys) {
     using namespace Halide;
-    MaskedSoftmax m{Func("masked_scores"), Func("row_max"), Func("exps"), Func("row_sum"),
-                    Func("masked_softmax"), RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
+    MaskedSoftmax m{Func("masked_scores"), Func("row_max"),      Func("exps"),
+                    Func("row_sum"),       Func("inv_row_sum"), Func("masked_softmax"),
+                    RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
     Expr score = scores(v.j, v.i, v.h, v.b);
     if (kind == MaskKind::none) {
         m.masked(v.j, v.i, v.h, v.b) = score;
@@ -118,7 +120,8 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const Halide::Func &scor
     m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     m.row_sum(v.i, v.h, v.b) = 0.0f;
     m.row_sum(v.i, v.h, v.b) += m.exps(m.sum_j, v.i, v.h, v.b);
-    m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) / m.row_sum(v.i, v.h, v.b);
+    m.inv_sum(v.i, v.h, v.b) = 1.0f / m.row_sum(v.i, v.h, v.b);
+    m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) * m.inv_sum(v.i, v.h, v.b);
     return m;
 }
 

@@ -21,6 +21,7 @@ struct ScheduleParams {
     // Projections: register tile of proj_vectors x proj_rows accumulators.
     int proj_vectors = 2;
     int proj_rows = 6;
+    int proj_block_tiles = 16;  // row tiles sharing one weight panel while in cache
     // Attention: query rows per tile whose scores and softmax stay in a tile buffer.
     int attention_rows = 8;
     int tasks_per_head = 4;  // parallel tasks per (batch, head), each a run of query tiles
@@ -54,23 +55,27 @@ inline void require_divides_max_tile(int features, const char *stage) {
 
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
 // tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
-inline void schedule_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
+inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
+                                       const ScheduleParams &sp) {
     using namespace Halide;
     const auto whole = TailStrategy::RoundUp;
     const int cols = sp.vector_lanes * sp.proj_vectors;
     require_divides_max_tile(cols, "projection");
-    Var eo("eo"), ei("ei"), ro("ro"), ri("ri"), t("t");
+    // Blocked like a BLAS: a task takes one panel of weight columns and a block of rows, and
+    // sweeps the block's row tiles while the panel stays in cache.
+    Var eo("eo"), ei("ei"), rb("rb"), ro("ro"), ri("ri"), t("t");
     Func tiles = p.result.in();
     tiles.compute_root()
         .split(v.e, eo, ei, cols, whole)
         .split(v.r, ro, ri, sp.proj_rows, whole)
-        .reorder(ei, ri, eo, ro)
-        .fuse(eo, ro, t)
+        .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)
+        .reorder(ei, ri, ro, eo, rb)
+        .fuse(eo, rb, t)
         .parallel(t)
         .vectorize(ei, sp.vector_lanes)
         .unroll(ei)
         .unroll(ri);
-    p.result.compute_at(tiles, t)
+    p.result.compute_at(tiles, ro)
         .store_in(MemoryType::Register)
         .vectorize(v.e, sp.vector_lanes)
         .unroll(v.e)
@@ -80,6 +85,7 @@ inline void schedule_projection(const StageVars &v, Projection &p, const Schedul
         .vectorize(v.e, sp.vector_lanes)
         .unroll(v.e)
         .unroll(v.r);
+    return tiles;
 }
 
 // The forward pass. Projections are register-tiled GEMMs. The attention core runs per
@@ -102,10 +108,15 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     for (Projection &p : f.input_projections) {
         schedule_projection(v, p, sp);
     }
-    schedule_projection(v, f.out_proj, sp);
+    // The output projection reads the merged heads at feature k = h·d + c: with d known, the
+    // k / d and k % d of every step of its reduction become shifts and masks.
+    Func out_tiles = schedule_projection(v, f.out_proj, sp);
+    for (int head_dim : {64, 128}) {
+        out_tiles.specialize(f.head_dim == head_dim);
+    }
 
     // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
-    Var so("so"), si("si"), hb("hb");
+    Var so("so"), si("si"), hb("hb"), co_copy("co_copy"), ci_copy("ci_copy"), hb_copy("hb_copy");
     f.k_heads.compute_root()
         .reorder_storage(v.s, v.c, v.h, v.b)
         .split(v.s, so, si, vec, whole)
@@ -113,6 +124,14 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .fuse(v.h, v.b, hb)
         .parallel(hb)
         .vectorize(si);
+
+    // V is copied head-major, so weights·V streams each head's values contiguously instead of
+    // striding across the projection's rows (page-sized strides defeat the prefetchers).
+    f.v_heads.compute_root()
+        .split(v.c, co_copy, ci_copy, vec, whole)
+        .fuse(v.h, v.b, hb_copy)
+        .parallel(hb_copy)
+        .vectorize(ci_copy);
 
     // weights·V: a wrapper over (feature, query) tiles, accumulating in registers.
     Func context_tiles = f.context.result.in();
@@ -166,7 +185,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     } else {
         sm.weights.store_at(context_tiles, iop)
             .compute_at(context_tiles, iot)
-            .vectorize(v.j, vec, whole);
+            .vectorize(v.j, vec, whole)
+            .fold_storage(v.i, sp.attention_rows);
     }
 
     // Q·Kᵀ: a wrapper over all keys of the tile's rows, accumulating in registers.
@@ -206,12 +226,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     sm.exps.store_at(tile_owner, task_loop)
         .compute_at(tile_owner, tile_loop)
         .vectorize(v.j, vec, whole);
+    sm.inv_sum.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
     // A task's tiles reuse one tile's worth of storage.
-    for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum}) {
+    for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
         tile_buffer.fold_storage(v.i, sp.attention_rows);
-    }
-    if (!weights_are_output) {
-        sm.weights.fold_storage(v.i, sp.attention_rows);
     }
 }
 

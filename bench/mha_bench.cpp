@@ -1,0 +1,232 @@
+// Google Benchmark: this project's forward pass and each stage over the sweep, against this
+// machine's practical ceiling (OpenBLAS sgemm 2048³) and a hand-written BLAS multi-head
+// attention, at 1 and 2 threads, all in one run. bench/compare.py adds PyTorch and the table.
+//
+// Names: sgemm2048/threads:T, <system>/<shape>/weights:W/threads:T with system halide | blas,
+// and stage/<stage>/<shape>/threads:T. Counters: GFLOP/s and pct_sgemm (percent of the same
+// run's sgemm at the same thread count).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "HalideBuffer.h"
+#include "HalideRuntime.h"
+#include "blas_mha.h"
+#include "mha_attend_values.h"
+#include "mha_linear_projection.h"
+#include "mha_masked_softmax_none.h"
+#include "mha_merge_heads.h"
+#include "mha_scaled_scores.h"
+#include "mha_split_heads.h"
+#include "reference.h"
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+struct Shape {
+    const char *name;
+    Dims dims;
+};
+
+// (B, Sq, Sk, E, H). Sq = Sk runs self-attention on one tensor (the fused QKV kernels).
+const Shape kSweep[] = {
+    {"seed_2x5_e512_h8", {2, 5, 5, 512, 8}},
+    {"1x128_e512_h8", {1, 128, 128, 512, 8}},
+    {"4x256_e512_h8", {4, 256, 256, 512, 8}},
+    {"1x512_e768_h12", {1, 512, 512, 768, 12}},
+    {"1x1024_e1024_h16", {1, 1024, 1024, 1024, 16}},
+    {"1x2048_e512_h8", {1, 2048, 2048, 512, 8}},
+    {"cross_1x64x2048_e512_h8", {1, 64, 2048, 512, 8}},
+    {"query1_keys4096_e512_h8", {1, 1, 4096, 512, 8}},
+};
+
+std::map<int, double> g_sgemm_gflops;  // threads -> GFLOP/s, measured first in this run
+
+void set_threads(int threads) {
+    halide_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+}
+
+void report(benchmark::State &state, double flops, int threads) {
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    if (auto it = g_sgemm_gflops.find(threads); it != g_sgemm_gflops.end()) {
+        // Percent of sgemm: GFLOP/s over the ceiling, as a rate counter scaled by 100 / ceiling.
+        state.counters["pct_sgemm"] = benchmark::Counter(
+            flops * 1e-9 * 100.0 / it->second, benchmark::Counter::kIsIterationInvariantRate);
+    }
+}
+
+void sgemm_ceiling(benchmark::State &state, int threads) {
+    set_threads(threads);
+    const int n = 2048;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+    const auto start = std::chrono::steady_clock::now();
+    for (auto _ : state) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
+                    b.data(), n, 0.0f, c.data(), n);
+        benchmark::DoNotOptimize(c.data());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double flops = 2.0 * n * n * n;
+    // Remembered for pct_sgemm of every later benchmark at this thread count.
+    g_sgemm_gflops[threads] = flops * state.iterations() * 1e-9 / seconds;
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+struct Buffers {
+    Problem problem;
+    std::vector<float> output, weights;
+    explicit Buffers(const Dims &d)
+        : problem(mha::reference::random_problem(d, 1, d.query_len == d.key_len)),
+          output(d.batch * d.query_len * d.embed_dim) {}
+};
+
+void halide_forward(benchmark::State &state, Dims d, bool with_weights, int threads) {
+    set_threads(threads);
+    Buffers buf(d);
+    const auto module = mha::reference::make_module(buf.problem);
+    std::optional<mha::MutableTensor> weights;
+    if (with_weights) {
+        buf.weights.resize(d.batch * d.num_heads * d.query_len * d.key_len);
+        weights = mha::MutableTensor{buf.weights.data(),
+                                     {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
+    for (auto _ : state) {
+        module.forward(mha::reference::query_view(buf.problem),
+                       mha::reference::key_view(buf.problem),
+                       mha::reference::value_view(buf.problem), out, std::nullopt, weights);
+        benchmark::DoNotOptimize(buf.output.data());
+    }
+    state.SetLabel(mha::dispatched_isa());
+    report(state, d.forward_flops(), threads);
+}
+
+void blas_forward(benchmark::State &state, Dims d, bool with_weights, int threads) {
+    set_threads(threads);
+    Buffers buf(d);
+    mha::bench::BlasMultiHeadAttention blas(buf.problem);
+    if (with_weights) {
+        buf.weights.resize(d.batch * d.num_heads * d.query_len * d.key_len);
+    }
+    const auto &p = buf.problem;
+    const float *query = p.query.data();
+    const float *key = mha::reference::key_view(p).data;
+    const float *value = mha::reference::value_view(p).data;
+    for (auto _ : state) {
+        blas.forward(query, key, value, buf.output.data(),
+                     with_weights ? buf.weights.data() : nullptr);
+        benchmark::DoNotOptimize(buf.output.data());
+    }
+    report(state, d.forward_flops(), threads);
+}
+
+// Each stage's own library (tests' stage generators) on the shape's tensors.
+using Halide::Runtime::Buffer;
+void stage(benchmark::State &state, const std::string &which, Dims d, int threads) {
+    set_threads(threads);
+    const int B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim, H = d.num_heads;
+    const int hd = d.head_dim();
+    auto filled = [](Buffer<float> b) {
+        std::mt19937 rng(3);
+        std::uniform_real_distribution<float> u(-1, 1);
+        b.for_each_value([&](float &x) { x = u(rng); });
+        return b;
+    };
+    double flops = 0;
+    std::function<int()> run;
+    if (which == "linear_projection") {
+        auto x = filled(Buffer<float>(E, Sq, B)), w = filled(Buffer<float>(E, E));
+        auto bias = filled(Buffer<float>(E));
+        Buffer<float> y(E, Sq, B);
+        run = [=]() mutable { return mha_linear_projection(x, w, bias, y); };
+        flops = 2.0 * B * Sq * E * E;
+    } else if (which == "split_heads") {
+        auto x = filled(Buffer<float>(E, Sq, B));
+        Buffer<float> heads(hd, Sq, H, B);
+        run = [=]() mutable { return mha_split_heads(x, H, heads); };
+    } else if (which == "scaled_scores") {
+        auto q = filled(Buffer<float>(hd, Sq, H, B)), k = filled(Buffer<float>(hd, Sk, H, B));
+        Buffer<float> s(Sk, Sq, H, B);
+        run = [=]() mutable { return mha_scaled_scores(q, k, s); };
+        flops = 2.0 * B * H * Sq * Sk * hd;
+    } else if (which == "masked_softmax") {
+        auto s = filled(Buffer<float>(Sk, Sq, H, B));
+        Buffer<float> w(Sk, Sq, H, B);
+        run = [=]() mutable { return mha_masked_softmax_none(s, w); };
+    } else if (which == "attend_values") {
+        auto w = filled(Buffer<float>(Sk, Sq, H, B)), v = filled(Buffer<float>(hd, Sk, H, B));
+        Buffer<float> c(hd, Sq, H, B);
+        run = [=]() mutable { return mha_attend_values(w, v, c); };
+        flops = 2.0 * B * H * Sq * Sk * hd;
+    } else {
+        auto c = filled(Buffer<float>(hd, Sq, H, B));
+        Buffer<float> m(E, Sq, B);
+        run = [=]() mutable { return mha_merge_heads(c, m); };
+    }
+    for (auto _ : state) {
+        if (run() != 0) {
+            state.SkipWithError("stage kernel failed");
+            break;
+        }
+    }
+    if (flops > 0) {
+        report(state, flops, threads);
+    }
+}
+
+void register_all() {
+    for (int threads : {1, 2}) {
+        benchmark::RegisterBenchmark(fmt::format("sgemm2048/threads:{}", threads).c_str(),
+                                     sgemm_ceiling, threads)
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(0.5);
+    }
+    for (const Shape &s : kSweep) {
+        for (bool w : {false, true}) {
+            for (int threads : {1, 2}) {
+                const auto suffix = fmt::format("{}/weights:{}/threads:{}", s.name, int(w), threads);
+                benchmark::RegisterBenchmark(("halide/" + suffix).c_str(), halide_forward, s.dims,
+                                             w, threads)
+                    ->Unit(benchmark::kMillisecond);
+                benchmark::RegisterBenchmark(("blas/" + suffix).c_str(), blas_forward, s.dims, w,
+                                             threads)
+                    ->Unit(benchmark::kMillisecond);
+            }
+        }
+    }
+    for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",
+                           "attend_values", "merge_heads"}) {
+        for (const Shape &s : kSweep) {
+            benchmark::RegisterBenchmark(fmt::format("stage/{}/{}/threads:2", st, s.name).c_str(),
+                                         stage, std::string(st), s.dims, 2)
+                ->Unit(benchmark::kMillisecond);
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    register_all();
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
+        return 1;
+    }
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -37,12 +37,13 @@ struct ForwardInputs {
 // Every stage of the forward pass, kept so that a schedule can place each one.
 struct ForwardStages {
     StageVars v;
-    Halide::Expr head_dim, query_len;
+    Halide::Expr head_dim, query_len, num_keys;
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
     Halide::Func q_proj, k_proj, v_proj;         // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
     ScaledScores scores;
     MaskedSoftmax softmax;
+    Halide::Func weights_for_values;  // what attend_values reads: the weights, or a clamped view
     AttendValues context;
     Halide::Func merged;
     Projection out_proj;
@@ -55,6 +56,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     const StageVars &v = f.v;
     f.head_dim = in.embed_dim / in.num_heads;
     f.query_len = in.query_len;
+    f.num_keys = in.num_keys;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
     const Func query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
@@ -86,6 +88,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         weights(v.j, v.i, v.h, v.b) =
             f.softmax.weights(v.j, Halide::clamp(v.i, 0, in.query_len - 1), v.h, v.b);
     }
+    f.weights_for_values = weights;
     f.context = attend_values(v, weights, f.v_heads, in.num_keys);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = linear_projection(v, token_rows(v, f.merged, Sq, B, "merged_rows"),

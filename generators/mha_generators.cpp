@@ -3,6 +3,7 @@
 // schedules/.
 #include "Halide.h"
 #include "cpu_schedule.h"
+#include "gpu_schedule.h"
 #include "mha_forward.h"
 
 namespace {
@@ -104,9 +105,14 @@ public:
     }
 
     void schedule() {
-        const auto params = mha::cpu::ScheduleParams::for_target(get_target());
-        mha::cpu::schedule_forward(stages_, return_weights, params);
-        mha::cpu::schedule_output_copy(stages_.v, output, params);
+        if (get_target().has_gpu_feature()) {
+            mha::gpu::schedule_forward(stages_, return_weights, {});
+            mha::gpu::schedule_output_copy(stages_.v, output);
+        } else {
+            const auto params = mha::cpu::ScheduleParams::for_target(get_target());
+            mha::cpu::schedule_forward(stages_, return_weights, params);
+            mha::cpu::schedule_output_copy(stages_.v, output, params);
+        }
     }
 
 private:

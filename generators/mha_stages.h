@@ -52,11 +52,12 @@ inline Halide::Func token_view(const StageVars &v, const Halide::Func &rows,
 struct Projection {
     Halide::Func result;
     Halide::RDom k;
+    Halide::Func rows, weight_t;  // what it reads, for schedules that stage them
 };
 inline Projection linear_projection(const StageVars &v, const Halide::Func &rows,
                                     const Halide::Func &weight_t, const Halide::Func &bias,
                                     const Halide::Expr &in_features, const std::string &name) {
-    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k")};
+    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k"), rows, weight_t};
     p.result(v.e, v.r) = bias(v.e);
     p.result(v.e, v.r) += rows(p.k, v.r) * weight_t(v.e, p.k);
     return p;

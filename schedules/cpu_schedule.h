@@ -116,8 +116,12 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     }
 
     // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
+    // Its rows (one per head feature) are kept off multiples of 4 KiB apart, which would alias in
+    // L1 while Q·Kᵀ walks down the features.
     Var so("so"), si("si"), hb("hb"), co_copy("co_copy"), ci_copy("ci_copy"), hb_copy("hb_copy");
+    const int key_cols = vec * sp.qk_vectors;
     f.k_heads.compute_root()
+        .bound(v.s, 0, (f.num_keys + key_cols - 1) / key_cols * key_cols + vec)
         .reorder_storage(v.s, v.c, v.h, v.b)
         .split(v.s, so, si, vec, whole)
         .reorder(si, v.c, so, v.h, v.b)
@@ -141,7 +145,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     require_divides_max_tile(pv_cols, "weights·V");
     // Heads and batches are separate parallel loops, not fused: through a fused loop's
     // modulus, bounds inference would widen each register tile to every head.
+    // Stored in merged-head order, so that the output projection reads each token's features
+    // contiguously.
     context_tiles.compute_root()
+        .reorder_storage(v.c, v.h, v.i, v.b)
         .split(v.i, io, ii, sp.attention_rows, whole)
         .split(io, iop, iot, tiles_per_task, guard)
         .split(v.c, co, ci, pv_cols, whole)

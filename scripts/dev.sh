@@ -2,7 +2,9 @@
 # One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
 #   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
 #   scripts/dev.sh test                build and run every test through ctest
-#   scripts/dev.sh bench               build and run the benchmark comparison (see bench/)
+#   scripts/dev.sh bench [compare.py options]
+#                                      build and run the benchmark comparison against OpenBLAS
+#                                      and PyTorch (installed into .venv-bench; large download)
 # A second call reuses the virtual environment and the build directory of the first.
 set -euo pipefail
 
@@ -13,6 +15,7 @@ build="${MHA_BUILD_DIR:-$root/build}"
 # Pinned Python-side toolchain: Halide's wheel carries libHalide, its headers, CMake package and
 # autoscheduler plugins; Halide 21's CMake files need CMake >= 3.28, newer than Debian 12's.
 python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
+bench_requirements=(torch==2.15.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  pocl-opencl-icd ocl-icd-opencl-dev libopenblas-dev)
 
@@ -31,21 +34,25 @@ install_debian_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-install_python_tools() {
-    local stamp="$venv/.requirements"
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "${python_requirements[*]}" ]; then
+# install_venv DIR PACKAGE...: a virtual environment holding exactly these pinned packages.
+install_venv() {
+    local dir=$1
+    shift
+    local stamp="$dir/.requirements"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$*" ]; then
         return
     fi
-    log "creating $venv with ${python_requirements[*]}"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install -q --disable-pip-version-check "${python_requirements[@]}"
-    echo "${python_requirements[*]}" >"$stamp"
+    log "creating $dir with $*"
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+    echo "$*" >"$stamp"
 }
 
+# configure_and_build [cmake -D options]: configures on the first call or when options are given.
 configure_and_build() {
     local halide_root
     halide_root=$("$venv/bin/python" -c 'import halide; print(halide.install_dir())')
-    if [ ! -f "$build/build.ninja" ]; then
+    if [ ! -f "$build/build.ninja" ] || [ $# -gt 0 ]; then
         log "configuring $build"
         "$venv/bin/cmake" -S "$root" -B "$build" -G Ninja \
             -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
@@ -60,18 +67,26 @@ shift || true
 case "$command" in
     run)
         install_debian_packages
-        install_python_tools
+        install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
         "$build/cli/mha" "$@"
         ;;
     test)
         install_debian_packages
-        install_python_tools
+        install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure "$@"
         ;;
+    bench)
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        install_venv "$root/.venv-bench" "${bench_requirements[@]}"
+        configure_and_build -DMHA_BUILD_BENCHMARKS=ON
+        "$root/.venv-bench/bin/python" "$root/bench/compare.py" --bench "$build/bench/mha_bench" \
+            --out "$build/bench/comparison.md" "$@"
+        ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options]" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | bench [options]" >&2
         exit 2
         ;;
 esac

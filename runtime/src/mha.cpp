@@ -148,6 +148,10 @@ void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 
+// Rows of packed weights are `width` floats apart plus one cache line, so that a GEMM walking
+// down a column never strides by a multiple of 4 KiB (which would alias in the L1 cache).
+int64_t row_stride(int64_t width) { return width + 16; }
+
 // Writes Wᵀ of one nn.Linear into columns [column, column + E) of a row-major [E, row_width]
 // block, and its bias at the same offset.
 void pack_linear(const Linear &lin, int64_t E, int64_t row_width, int64_t column,
@@ -193,14 +197,14 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                          {E});
         }
     }
-    qkv_weight_t_.assign(E * 3 * P, 0.0f);
+    qkv_weight_t_.assign(E * row_stride(3 * P), 0.0f);
     qkv_bias_.assign(3 * P, 0.0f);
     for (int p = 0; p < 3; p++) {
-        pack_linear(*linears[p], E, 3 * P, p * P, qkv_weight_t_, qkv_bias_);
+        pack_linear(*linears[p], E, row_stride(3 * P), p * P, qkv_weight_t_, qkv_bias_);
     }
-    out_weight_t_.assign(E * P, 0.0f);
+    out_weight_t_.assign(E * row_stride(P), 0.0f);
     out_bias_.assign(P, 0.0f);
-    pack_linear(out_proj, E, P, 0, out_weight_t_, out_bias_);
+    pack_linear(out_proj, E, row_stride(P), 0, out_weight_t_, out_bias_);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -250,15 +254,16 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     const int64_t P = padded_;
     const auto f32 = halide_type_of<float>();
     // Views into the packed weights: the fused [in, 3P] block, or one P-wide block of it.
-    BufferView qkv_w(qkv_weight_t_.data(), f32, {E, 3 * P}, {3 * P, 1});
+    const int64_t qkv_stride = row_stride(3 * P);
+    BufferView qkv_w(qkv_weight_t_.data(), f32, {E, 3 * P}, {qkv_stride, 1});
     BufferView qkv_b(qkv_bias_.data(), f32, {3 * P}, {1});
-    BufferView wq(qkv_weight_t_.data(), f32, {E, P}, {3 * P, 1});
-    BufferView wk(qkv_weight_t_.data() + P, f32, {E, P}, {3 * P, 1});
-    BufferView wv(qkv_weight_t_.data() + 2 * P, f32, {E, P}, {3 * P, 1});
+    BufferView wq(qkv_weight_t_.data(), f32, {E, P}, {qkv_stride, 1});
+    BufferView wk(qkv_weight_t_.data() + P, f32, {E, P}, {qkv_stride, 1});
+    BufferView wv(qkv_weight_t_.data() + 2 * P, f32, {E, P}, {qkv_stride, 1});
     BufferView bq(qkv_bias_.data(), f32, {P}, {1});
     BufferView bk(qkv_bias_.data() + P, f32, {P}, {1});
     BufferView bv(qkv_bias_.data() + 2 * P, f32, {P}, {1});
-    BufferView wo(out_weight_t_.data(), f32, {E, P}, {P, 1});
+    BufferView wo(out_weight_t_.data(), f32, {E, P}, {row_stride(P), 1});
     BufferView bo(out_bias_.data(), f32, {P}, {1});
     std::optional<MaskView> mask_view;
     if (mask) {

@@ -75,8 +75,8 @@ private:
     int64_t embed_dim_;
     int64_t num_heads_;
     int64_t padded_ = 0;  // output features per prepacked projection, zero-padded past embed_dim
-    // Wqᵀ, Wkᵀ, Wvᵀ side by side ([in, 3 x padded] row-major) and their biases: the fused QKV
-    // projection reads all three, the separate projections one block each.
+    // Wqᵀ, Wkᵀ, Wvᵀ side by side ([in, 3 x padded] row-major, rows a little apart) and their
+    // biases: the fused QKV projection reads all three, the separate projections one block each.
     std::vector<float> qkv_weight_t_, qkv_bias_;
     std::vector<float> out_weight_t_, out_bias_;  // [in, padded], [padded]
 };

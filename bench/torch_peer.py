@@ -1,0 +1,62 @@
+"""PyTorch peers of the benchmark sweep: nn.MultiheadAttention, and F.linear with
+F.scaled_dot_product_attention (or, when the weights are requested, which SDPA cannot return,
+the explicit matmul/softmax a user writes instead). f32, CPU, inference mode."""
+
+import math
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def _median_ms(fn, min_time_s):
+    for _ in range(2):  # warm-up: kernel selection, allocator, thread pool
+        fn()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_time_s or len(times) < 3:
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def measure(dims, with_weights, threads, min_time_s=0.3):
+    """Median milliseconds of both PyTorch paths for one (B, Sq, Sk, E, H) shape."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    B, Sq, Sk, E, H = dims
+    d = E // H
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    query = torch.rand(B, Sq, E) * 2 - 1
+    key = query if Sq == Sk else torch.rand(B, Sk, E) * 2 - 1  # self-attention: one tensor
+    value = key
+    wq, wk, wv = mha.in_proj_weight.detach().chunk(3)
+    bq, bk, bv = mha.in_proj_bias.detach().chunk(3)
+    wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
+
+    def module():
+        return mha(query, key, value, need_weights=with_weights, average_attn_weights=False)
+
+    def heads(x, w, b, S):
+        return F.linear(x, w, b).view(B, S, H, d).transpose(1, 2)
+
+    def functional():
+        q, k, v = heads(query, wq, bq, Sq), heads(key, wk, bk, Sk), heads(value, wv, bv, Sk)
+        if with_weights:
+            weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)
+            context = weights @ v
+        else:
+            weights, context = None, F.scaled_dot_product_attention(q, k, v)
+        return F.linear(context.transpose(1, 2).reshape(B, Sq, E), wo, bo), weights
+
+    with torch.inference_mode():
+        out_module, _ = module()
+        out_functional, _ = functional()
+        if not torch.allclose(out_module, out_functional, rtol=1e-4, atol=1e-5):
+            raise RuntimeError(f"PyTorch's two paths disagree on {dims}")
+        return {
+            "nn.MultiheadAttention": _median_ms(module, min_time_s),
+            "F.linear+sdpa": _median_ms(functional, min_time_s),
+        }

@@ -10,6 +10,10 @@ namespace mha {
 // features must divide it.
 inline constexpr int kMaxTile = 64;
 
+// Prepacked weights are Wᵀ in panels of this many output features: panel p holds features
+// [p·kWeightPanel, (p+1)·kWeightPanel) for every input feature, contiguously.
+inline constexpr int kWeightPanel = 32;
+
 inline constexpr int64_t round_up(int64_t x, int64_t multiple) {
     return (x + multiple - 1) / multiple * multiple;
 }

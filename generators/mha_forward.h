@@ -18,6 +18,14 @@
 
 namespace mha {
 
+// Wᵀ(e, k) of prepacked weight panels (lane, k, panel): e = panel·kWeightPanel + lane.
+inline Halide::Func panel_view(const Halide::Func &panels, const std::string &name) {
+    Halide::Var e("e"), k("k");
+    Halide::Func weight_t(name);
+    weight_t(e, k) = panels(e % kWeightPanel, k, e / kWeightPanel);
+    return weight_t;
+}
+
 // What the forward pass reads, as Halide functions with their run-time extents.
 struct ForwardInputs {
     Halide::Func query, key, value;  // (e, s, b)
@@ -31,6 +39,8 @@ struct ForwardInputs {
     Halide::Func mask;  // (j, i, h, b) extended by repeat-edge, or undefined
     MaskKind mask_kind = MaskKind::none;
     bool weights_are_output = false;
+    // Separate copies of the scores for the row max and row sum (see ScoreSources).
+    bool recompute_scores = false;
     Halide::Expr embed_dim, num_heads, query_len, num_keys, batch;
 };
 
@@ -41,7 +51,8 @@ struct ForwardStages {
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
     Halide::Func q_proj, k_proj, v_proj;         // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
-    ScaledScores scores;
+    ScaledScores scores;                    // read by the softmax weights
+    std::vector<ScaledScores> stat_scores;  // {for the row max, for the row sum}, or none
     MaskedSoftmax softmax;
     Halide::Func weights_for_values;  // what attend_values reads: the weights, or a clamped view
     AttendValues context;
@@ -81,7 +92,14 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
     f.v_heads = split_heads(v, f.v_proj, f.head_dim, "v_heads");
     f.scores = scaled_scores(v, f.q_heads, f.k_heads, f.head_dim);
-    f.softmax = masked_softmax(v, f.scores.result, in.mask, in.mask_kind, in.num_keys);
+    ScoreSources sources{f.scores.result, f.scores.result, f.scores.result};
+    if (in.recompute_scores) {
+        f.stat_scores = {scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_max"),
+                         scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_sum")};
+        sources.for_max = f.stat_scores[0].result;
+        sources.for_sum = f.stat_scores[1].result;
+    }
+    f.softmax = masked_softmax(v, sources, in.mask, in.mask_kind, in.num_keys);
     Func weights = f.softmax.weights;
     if (in.weights_are_output) {
         weights = Func("weights_clamped");

@@ -25,15 +25,16 @@ public:
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
 
     Input<Buffer<float, 3>> query{"query"};  // (e, sq, b)
-    Input<Buffer<float, 2>> out_weight_t{"out_weight_t"};  // (padded out, in)
-    Input<Buffer<float, 1>> out_bias{"out_bias"};          // (padded out)
+    // Weights are Wᵀ panels (lane, in, panel) of padded output features (kernel_abi.h).
+    Input<Buffer<float, 3>> out_weight{"out_weight"};
+    Input<Buffer<float, 1>> out_bias{"out_bias"};  // (padded out)
     Input<int> num_heads{"num_heads", 1};
     // Separate projections: key, value (e, sk, b) and one Wᵀ and bias per projection.
     Input<Buffer<float, 3>> *key = nullptr, *value = nullptr;
-    Input<Buffer<float, 2>> *q_weight_t = nullptr, *k_weight_t = nullptr, *v_weight_t = nullptr;
+    Input<Buffer<float, 3>> *q_weight = nullptr, *k_weight = nullptr, *v_weight = nullptr;
     Input<Buffer<float, 1>> *q_bias = nullptr, *k_bias = nullptr, *v_bias = nullptr;
     // Fused QKV: Wq, Wk, Wv stacked along the output features, each block equally padded.
-    Input<Buffer<float, 2>> *qkv_weight_t = nullptr;
+    Input<Buffer<float, 3>> *qkv_weight = nullptr;
     Input<Buffer<float, 1>> *qkv_bias = nullptr;
     Input<Buffer<uint8_t, 4>> *mask = nullptr;  // (j, i, h, b), only for keep / block masks
 
@@ -42,16 +43,16 @@ public:
 
     void configure() {
         if (fused_qkv) {
-            qkv_weight_t = add_input<Buffer<float, 2>>("qkv_weight_t");
+            qkv_weight = add_input<Buffer<float, 3>>("qkv_weight");
             qkv_bias = add_input<Buffer<float, 1>>("qkv_bias");
         } else {
             key = add_input<Buffer<float, 3>>("key");
             value = add_input<Buffer<float, 3>>("value");
-            q_weight_t = add_input<Buffer<float, 2>>("q_weight_t");
+            q_weight = add_input<Buffer<float, 3>>("q_weight");
             q_bias = add_input<Buffer<float, 1>>("q_bias");
-            k_weight_t = add_input<Buffer<float, 2>>("k_weight_t");
+            k_weight = add_input<Buffer<float, 3>>("k_weight");
             k_bias = add_input<Buffer<float, 1>>("k_bias");
-            v_weight_t = add_input<Buffer<float, 2>>("v_weight_t");
+            v_weight = add_input<Buffer<float, 3>>("v_weight");
             v_bias = add_input<Buffer<float, 1>>("v_bias");
         }
         if (mask_kind != MaskKind::none) {
@@ -72,21 +73,21 @@ public:
         if (fused_qkv) {
             in.num_keys = in.query_len;
             in.key = in.value = in.query;
-            in.qkv_weight_t = *qkv_weight_t;
+            in.qkv_weight_t = mha::panel_view(*qkv_weight, "qkv_weight_t");
             in.qkv_bias = *qkv_bias;
-            in.padded = qkv_weight_t->dim(0).extent() / 3;
+            in.padded = qkv_weight->dim(2).extent() * mha::kWeightPanel / 3;
         } else {
             in.num_keys = key->dim(1).extent();
             in.key = *key;
             in.value = *value;
-            in.q_weight_t = *q_weight_t;
-            in.k_weight_t = *k_weight_t;
-            in.v_weight_t = *v_weight_t;
+            in.q_weight_t = mha::panel_view(*q_weight, "q_weight_t");
+            in.k_weight_t = mha::panel_view(*k_weight, "k_weight_t");
+            in.v_weight_t = mha::panel_view(*v_weight, "v_weight_t");
             in.q_bias = *q_bias;
             in.k_bias = *k_bias;
             in.v_bias = *v_bias;
         }
-        in.out_weight_t = out_weight_t;
+        in.out_weight_t = mha::panel_view(out_weight, "out_weight_t");
         in.out_bias = out_bias;
         if (mask) {
             allow_mask_broadcast(*mask);
@@ -95,6 +96,7 @@ public:
         }
         in.mask_kind = mask_kind;
         in.weights_are_output = return_weights;
+        in.recompute_scores = get_target().has_gpu_feature();
         stages_ = mha::define_forward(in);
         // The output is a guarded copy of the whole-tile output projection.
         output(stages_.v.e, stages_.v.s, stages_.v.b) =
@@ -196,7 +198,8 @@ public:
             allow_mask_broadcast(*mask);
             mask_func = *mask;
         }
-        softmax_ = mha::masked_softmax(v_, scores, mask_func, mask_kind, scores.dim(0).extent());
+        softmax_ = mha::masked_softmax(v_, {scores, scores, scores}, mask_func, mask_kind,
+                                       scores.dim(0).extent());
         weights = softmax_.weights;
     }
     void schedule() {

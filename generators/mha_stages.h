@@ -78,9 +78,10 @@ struct ScaledScores {
     Halide::RDom c;
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
-                                  const Halide::Func &k_heads, const Halide::Expr &head_dim) {
-    ScaledScores s{Halide::Func("qk_dot"), Halide::Func("scaled_scores"),
-                   Halide::RDom(0, head_dim, "scores_c")};
+                                  const Halide::Func &k_heads, const Halide::Expr &head_dim,
+                                  const std::string &suffix = "") {
+    ScaledScores s{Halide::Func("qk_dot" + suffix), Halide::Func("scaled_scores" + suffix),
+                   Halide::RDom(0, head_dim, "scores_c" + suffix)};
     s.dot(v.j, v.i, v.h, v.b) = 0.0f;
     s.dot(v.j, v.i, v.h, v.b) += q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, v.h, v.b);
     Halide::Expr scale = 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
@@ -88,6 +89,7 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
     return s;
 }
 
+// Softmax over keys of the masked scores, subtracting the row maximum for range safety.
 // Softmax over keys of the masked scores, subtracting the row maximum for range safety.
 struct MaskedSoftmax {
     Halide::Func masked;   // scores with blocked positions set to kMaskedScore
@@ -98,29 +100,50 @@ struct MaskedSoftmax {
     Halide::Func weights;  // exps * inv_sum
     Halide::RDom max_j, sum_j;
 };
+
+// The scores each part of the softmax reads: the same function, or equal copies that a schedule
+// computes where each part needs them (a GPU block recomputes scores rather than hold a row).
+struct ScoreSources {
+    Halide::Func for_max, for_sum, for_weights;
+};
+
 // `mask` is read only for keep (0 = blocked, the PyTorch article) and block (nonzero = blocked,
 // the TF article's 1 = blocked) kinds; broadcasting is done by the caller's zero strides.
-inline MaskedSoftmax masked_softmax(const StageVars &v, const Halide::Func &scores,
+inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scores,
                                     const Halide::Func &mask, MaskKind kind,
                                     const Halide::Expr &num_keys) {
     using namespace Halide;
-    MaskedSoftmax m{Func("masked_scores"), Func("row_max"),      Func("exps"),
-                    Func("row_sum"),       Func("inv_row_sum"), Func("masked_softmax"),
-                    RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
-    Expr score = scores(v.j, v.i, v.h, v.b);
-    if (kind == MaskKind::none) {
-        m.masked(v.j, v.i, v.h, v.b) = score;
-    } else {
-        Expr flag = mask(v.j, v.i, v.h, v.b);
-        Expr blocked = kind == MaskKind::keep ? flag == 0 : flag != 0;
-        m.masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
-    }
+    const auto masked_scores = [&](const Func &source, const std::string &name) {
+        Func masked(name);
+        Expr score = source(v.j, v.i, v.h, v.b);
+        if (kind == MaskKind::none) {
+            masked(v.j, v.i, v.h, v.b) = score;
+        } else {
+            Expr flag = mask(v.j, v.i, v.h, v.b);
+            Expr blocked = kind == MaskKind::keep ? flag == 0 : flag != 0;
+            masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
+        }
+        return masked;
+    };
+    MaskedSoftmax m{masked_scores(scores.for_weights, "masked_scores"),
+                    Func("row_max"),       Func("exps"),
+                    Func("row_sum"),       Func("inv_row_sum"),
+                    Func("masked_softmax"), RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
+    const bool shared = scores.for_max.name() == scores.for_weights.name();
+    const Func masked_for_max = shared ? m.masked : masked_scores(scores.for_max, "masked_for_max");
+    const Func masked_for_sum = shared ? m.masked : masked_scores(scores.for_sum, "masked_for_sum");
     // The row reductions are explicit updates, so that schedules can vectorize them (rfactor).
     m.row_max(v.i, v.h, v.b) = Float(32).min();
-    m.row_max(v.i, v.h, v.b) = max(m.row_max(v.i, v.h, v.b), m.masked(m.max_j, v.i, v.h, v.b));
+    m.row_max(v.i, v.h, v.b) = max(m.row_max(v.i, v.h, v.b), masked_for_max(m.max_j, v.i, v.h, v.b));
     m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+    Func exps_for_sum = m.exps;
+    if (!shared) {
+        exps_for_sum = Func("exps_for_sum");
+        exps_for_sum(v.j, v.i, v.h, v.b) =
+            exp(masked_for_sum(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+    }
     m.row_sum(v.i, v.h, v.b) = 0.0f;
-    m.row_sum(v.i, v.h, v.b) += m.exps(m.sum_j, v.i, v.h, v.b);
+    m.row_sum(v.i, v.h, v.b) += exps_for_sum(m.sum_j, v.i, v.h, v.b);
     m.inv_sum(v.i, v.h, v.b) = 1.0f / m.row_sum(v.i, v.h, v.b);
     m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) * m.inv_sum(v.i, v.h, v.b);
     return m;

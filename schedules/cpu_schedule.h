@@ -65,7 +65,9 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     // sweeps the block's row tiles while the panel stays in cache.
     Var eo("eo"), ei("ei"), rb("rb"), ro("ro"), ri("ri"), t("t");
     Func tiles = p.result.in();
+    // Tiles start on weight panel boundaries, so that each reads one panel with dense loads.
     tiles.compute_root()
+        .align_bounds(v.e, kWeightPanel)
         .split(v.e, eo, ei, cols, whole)
         .split(v.r, ro, ri, sp.proj_rows, whole)
         .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)

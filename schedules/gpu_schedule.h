@@ -51,6 +51,7 @@ inline void schedule_projection(const StageVars &v, Projection &p, const Schedul
     Var eo("eo"), ro("ro"), ei("ei"), ri("ri"), et("et"), eu("eu"), rt("rt"), ru("ru");
     Func tiles = p.result.in();
     tiles.compute_root()
+        .align_bounds(v.e, kWeightPanel)
         .tile(v.e, v.r, eo, ro, ei, ri, sp.proj_block_cols, sp.proj_block_rows, whole)
         .tile(ei, ri, et, rt, eu, ru, sp.proj_thread_cols, sp.proj_thread_rows, whole)
         .reorder(eu, ru, et, rt, eo, ro)
@@ -138,13 +139,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
 
     MaskedSoftmax &sm = f.softmax;
     const int rows = sp.attention_rows;
-    // Row max and sum: one thread per row over every key with the scores recomputed (clones of
-    // the dot product, in registers), so that no row of Sk scores is ever held.
-    Func max_dot = f.scores.dot.clone_in(sm.row_max);
-    max_dot.compute_at(sm.row_max, sm.max_j.x).store_in(MemoryType::Register);
-    Func sum_exps = sm.exps.clone_in(sm.row_sum);
-    Func sum_dot = f.scores.dot.clone_in(sum_exps);
-    sum_dot.compute_at(sm.row_sum, sm.sum_j.x).store_in(MemoryType::Register);
+    // Row max and sum: one thread per row over every key with the scores recomputed (their own
+    // copies of the dot product, in registers), so that no row of Sk scores is ever held.
+    f.stat_scores.at(0).dot.compute_at(sm.row_max, sm.max_j.x).store_in(MemoryType::Register);
+    f.stat_scores.at(1).dot.compute_at(sm.row_sum, sm.sum_j.x).store_in(MemoryType::Register);
     // The softmax weights of one key tile, each thread computing its own score in registers.
     f.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
 
@@ -161,13 +159,14 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         for (Func stat : {sm.row_max, sm.row_sum}) {
             stat.update().split(v.i, io2, ii2, rows, whole).gpu_blocks(io2, v.h, v.b).gpu_threads(ii2);
         }
-        Var wo("wo"), wi("wi"), jt("jt"), jj("jj"), hb("hb");
+        // Batches are launched in turn: a fused (head, batch) block index would hide from
+        // bounds inference that each thread's score is a single element.
+        Var wo("wo"), wi("wi"), jt("jt"), jj("jj");
         sm.weights.compute_root()
             .split(v.i, wo, wi, rows, guard)
             .split(v.j, jt, jj, sp.key_step, guard)
             .reorder(jj, wi, jt, wo, v.h, v.b)
-            .fuse(v.h, v.b, hb)
-            .gpu_blocks(jt, wo, hb)
+            .gpu_blocks(jt, wo, v.h)
             .gpu_threads(jj, wi);
         f.scores.dot.compute_at(sm.weights, jj);
         stage_in_shared(f.k_heads, f.scores.dot, LoopLevel(sm.weights, jt), threads_x, rows);

@@ -144,7 +144,7 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // printed or aborted.
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     mha::detail::install_runtime_hooks();
-    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::MaskKind::none, false,
+    const auto *kernel = mha::detail::find_forward_kernel(mha::Device::cpu, mha::detail::MaskKind::none, false,
                                                           /*fused_qkv=*/false);
     ASSERT_NE(kernel, nullptr);
     const int padded = static_cast<int>(mha::padded_features(12, 3));
@@ -159,7 +159,8 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
         return dims;
     };
     auto qd = dense(p.query, {12, 5, 2}), kd = dense(p.key, {12, 7, 2});
-    auto vd = dense(p.value, {12, 6, 2}), wd = dense(w, {padded, 12}), bd = dense(b, {padded});
+    auto vd = dense(p.value, {12, 6, 2}), bd = dense(b, {padded});
+    auto wd = dense(w, {mha::kWeightPanel, 12, padded / mha::kWeightPanel});  // panel layout
     auto od = dense(output, {12, 5, 2});
     auto buffer = [](const void *data, std::vector<halide_dimension_t> &dims) {
         halide_buffer_t buf{};
@@ -176,9 +177,10 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     testing::internal::CaptureStderr();
     expect_error(
         [&] {
-            mha::detail::call_kernel(*kernel, {{"query", &qb}, {"key", &kb}, {"value", &vb},
-                                               {"q_weight_t", &wb}, {"k_weight_t", &wb},
-                                               {"v_weight_t", &wb}, {"out_weight_t", &wb},
+            mha::detail::CallContext context;
+            mha::detail::call_kernel(*kernel, context, {{"query", &qb}, {"key", &kb}, {"value", &vb},
+                                               {"q_weight", &wb}, {"k_weight", &wb},
+                                               {"v_weight", &wb}, {"out_weight", &wb},
                                                {"q_bias", &bb}, {"k_bias", &bb}, {"v_bias", &bb},
                                                {"out_bias", &bb}, {"num_heads", &heads},
                                                {"output", &ob}});

@@ -1,5 +1,6 @@
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -11,11 +12,7 @@
 namespace mha::detail {
 namespace {
 
-// Where a kernel's Halide errors go: the call that raised them, through its user_context.
-struct CallContext {
-    std::string error;
-};
-
+// Where Halide's errors go: the call that raised them, through its user_context.
 void route_halide_error(void *user_context, const char *message) {
     if (user_context != nullptr) {
         static_cast<CallContext *>(user_context)->error += message;
@@ -26,7 +23,8 @@ bool has_feature(const uint64_t *features, halide_target_feature_t f) {
     return (features[f / 64] >> (f % 64)) & 1;
 }
 
-thread_local const char *dispatched = "";
+// Halide's dispatch decides once per kernel and process, so this is process-wide.
+std::atomic<const char *> dispatched{""};
 thread_local const char *last_kernel = "";
 
 // Halide's multi-target dispatch asks this for each compiled target, best first, and runs the
@@ -56,9 +54,15 @@ const char *dispatched_isa() { return dispatched; }
 
 const char *last_kernel_name() { return last_kernel; }
 
-void call_kernel(const ForwardKernel &kernel, std::initializer_list<NamedArgument> named) {
+void check_halide(int result, const CallContext &context, const std::string &what) {
+    if (result != 0) {
+        throw Error(fmt::format("{} failed (Halide error {}): {}", what, result, context.error));
+    }
+}
+
+void call_kernel(const ForwardKernel &kernel, CallContext &context,
+                 const std::vector<NamedArgument> &named) {
     const halide_filter_metadata_t *md = kernel.metadata();
-    CallContext context;
     void *user_context = &context;
     std::vector<void *> args;
     args.reserve(md->num_arguments);
@@ -79,11 +83,7 @@ void call_kernel(const ForwardKernel &kernel, std::initializer_list<NamedArgumen
         args.push_back(value);
     }
     last_kernel = md->name;
-    const int result = kernel.call(args.data());
-    if (result != 0) {
-        throw Error(fmt::format("kernel {} failed (Halide error {}): {}", md->name, result,
-                                context.error));
-    }
+    check_halide(kernel.call(args.data()), context, fmt::format("kernel {}", md->name));
 }
 
 }  // namespace mha::detail

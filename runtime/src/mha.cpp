@@ -7,14 +7,20 @@
 #include <limits>
 
 #include "HalideRuntime.h"
+#include "buffers.h"
+#include "device.h"
 #include "kernel_abi.h"
 #include "kernel_table.h"
+#include "packed_weights.h"
 
 namespace mha {
 namespace {
 
+using detail::BufferView;
+using detail::DenseView;
 using detail::ForwardKernel;
 using detail::MaskKind;
+using detail::MaskView;
 
 // Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
 constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
@@ -29,7 +35,7 @@ void check_tensor(const char *name, const TensorView<T> &t, const std::vector<in
         throw Error(fmt::format("{} has shape {} but must be {}", name, shape_string(t.shape),
                                 shape_string(expected)));
     }
-    if (t.data == nullptr) {
+    if (t.data == nullptr && t.device_handle == 0) {
         throw Error(fmt::format("{} has a null data pointer", name));
     }
 }
@@ -57,71 +63,10 @@ void check_view(const char *name, const TensorView<T> &t, size_t rank, const cha
         throw Error(fmt::format("{} has shape {}: more than the {} bytes a kernel addresses", name,
                                 shape_string(t.shape), kMaxBufferBytes));
     }
-    if (t.data == nullptr) {
+    if (t.data == nullptr && t.device_handle == 0) {
         throw Error(fmt::format("{} has a null data pointer", name));
     }
 }
-
-// A halide_buffer_t over caller memory, outermost-first shape and strides as given.
-class BufferView {
-public:
-    BufferView(const void *data, halide_type_t type, const std::vector<int64_t> &shape,
-               const std::vector<int64_t> &strides) {
-        const int rank = static_cast<int>(shape.size());
-        for (int d = 0; d < rank; d++) {
-            // Halide lists dimensions innermost first.
-            dims_[d] = {0, static_cast<int32_t>(shape[rank - 1 - d]),
-                        static_cast<int32_t>(strides[rank - 1 - d]), 0};
-        }
-        buffer_.host = static_cast<uint8_t *>(const_cast<void *>(data));
-        buffer_.type = type;
-        buffer_.dimensions = rank;
-        buffer_.dim = dims_.data();
-    }
-    BufferView(const BufferView &) = delete;
-    BufferView &operator=(const BufferView &) = delete;
-
-    halide_buffer_t *raw() { return &buffer_; }
-
-private:
-    std::array<halide_dimension_t, 4> dims_{};
-    halide_buffer_t buffer_{};
-};
-
-std::vector<int64_t> dense_strides(const std::vector<int64_t> &shape) {
-    std::vector<int64_t> strides(shape.size());
-    int64_t stride = 1;
-    for (size_t d = shape.size(); d-- > 0;) {
-        strides[d] = stride;
-        stride *= shape[d];
-    }
-    return strides;
-}
-
-template <typename T>
-struct DenseView : BufferView {
-    explicit DenseView(const TensorView<T> &t)
-        : BufferView(t.data, halide_type_of<std::remove_const_t<T>>(), t.shape,
-                     dense_strides(t.shape)) {}
-};
-
-// The mask as a [B, H, Sq, Sk] view, broadcast dimensions given stride 0.
-struct MaskView : BufferView {
-    MaskView(const Mask &mask, const std::vector<int64_t> &full)
-        : BufferView(mask.values.data, halide_type_of<uint8_t>(), full,
-                     broadcast_strides(mask.values.shape, full)) {}
-
-    static std::vector<int64_t> broadcast_strides(const std::vector<int64_t> &shape,
-                                                  const std::vector<int64_t> &full) {
-        const std::vector<int64_t> own = dense_strides(shape);
-        std::vector<int64_t> strides(full.size(), 0);
-        const size_t offset = full.size() - shape.size();
-        for (size_t d = 0; d < shape.size(); d++) {
-            strides[offset + d] = shape[d] == 1 ? 0 : own[d];
-        }
-        return strides;
-    }
-};
 
 void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
     static const char *const kDimNames[] = {"batch", "num_heads", "query length", "key length"};
@@ -141,35 +86,19 @@ void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
                 full[offset + d]));
         }
     }
-    if (mask.values.data == nullptr) {
+    if (mask.values.data == nullptr && mask.values.device_handle == 0) {
         throw Error("mask has a null data pointer");
     }
 }
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 
-// Rows of packed weights are `width` floats apart plus one cache line, so that a GEMM walking
-// down a column never strides by a multiple of 4 KiB (which would alias in the L1 cache).
-int64_t row_stride(int64_t width) { return width + 16; }
-
-// Writes Wᵀ of one nn.Linear into columns [column, column + E) of a row-major [E, row_width]
-// block, and its bias at the same offset.
-void pack_linear(const Linear &lin, int64_t E, int64_t row_width, int64_t column,
-                 std::vector<float> &weight_t, std::vector<float> &bias) {
-    for (int64_t out = 0; out < E; out++) {
-        for (int64_t in = 0; in < E; in++) {
-            weight_t[in * row_width + column + out] = lin.weight.data[out * E + in];
-        }
-        bias[column + out] = lin.bias ? lin.bias->data[out] : 0.0f;
-    }
-}
-
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                                        const Linear &k_proj, const Linear &v_proj,
-                                       const Linear &out_proj)
-    : embed_dim_(embed_dim), num_heads_(num_heads) {
+                                       const Linear &out_proj, Device device)
+    : embed_dim_(embed_dim), num_heads_(num_heads), device_(device) {
     detail::install_runtime_hooks();
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
@@ -181,9 +110,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         throw Error(fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim,
                                 num_heads));
     }
-    padded_ = padded_features(embed_dim, num_heads);
-    const int64_t E = embed_dim, P = padded_;
-    if (3 * P * E > kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
+    const int64_t E = embed_dim;
+    if (3 * padded_features(E, num_heads) * E >
+        kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
         throw Error(fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
                                 "bytes a kernel addresses",
                                 embed_dim, kMaxBufferBytes));
@@ -197,14 +126,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                          {E});
         }
     }
-    qkv_weight_t_.assign(E * row_stride(3 * P), 0.0f);
-    qkv_bias_.assign(3 * P, 0.0f);
-    for (int p = 0; p < 3; p++) {
-        pack_linear(*linears[p], E, row_stride(3 * P), p * P, qkv_weight_t_, qkv_bias_);
-    }
-    out_weight_t_.assign(E * row_stride(P), 0.0f);
-    out_bias_.assign(P, 0.0f);
-    pack_linear(out_proj, E, row_stride(P), 0, out_weight_t_, out_bias_);
+    packed_ = std::make_shared<const detail::PackedWeights>(E, num_heads, linears, device);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -230,6 +152,18 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         throw Error(fmt::format("key has {} rows but value has {}", Sk, value.shape[1]));
     }
     check_tensor("output", output, {B, Sq, E});
+    if (device_ == Device::cpu) {
+        for (const auto &[name, handle] :
+             {std::pair{"query", query.device_handle}, {"key", key.device_handle},
+              {"value", value.device_handle}, {"output", output.device_handle},
+              {"weights", weights ? weights->device_handle : 0},
+              {"mask", mask ? mask->values.device_handle : 0}}) {
+            if (handle != 0) {
+                throw Error(fmt::format("{} has a device_handle but the module runs on the cpu",
+                                        name));
+            }
+        }
+    }
     const std::vector<int64_t> weights_shape = {B, H, Sq, Sk};
     if (weights) {
         check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
@@ -242,29 +176,18 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     }
     // Self-attention on one tensor takes the fused QKV projection.
     const bool fused = query.data == key.data && query.data == value.data &&
-                       query.shape == key.shape && query.shape == value.shape;
+                       query.device_handle == key.device_handle &&
+                       query.device_handle == value.device_handle && query.shape == key.shape &&
+                       query.shape == value.shape;
     const ForwardKernel *kernel =
-        detail::find_forward_kernel(mask_kind, weights.has_value(), fused);
+        detail::find_forward_kernel(device_, mask_kind, weights.has_value(), fused);
     if (kernel == nullptr) {
-        throw Error("internal error: this build has no kernel for the requested variant");
+        throw Error(fmt::format("this build has no {} kernels (see MHA_GPU_KERNELS)",
+                                detail::device_name(device_)));
     }
 
     DenseView<const float> q(query), k(key), v(value);
     DenseView<float> out(output);
-    const int64_t P = padded_;
-    const auto f32 = halide_type_of<float>();
-    // Views into the packed weights: the fused [in, 3P] block, or one P-wide block of it.
-    const int64_t qkv_stride = row_stride(3 * P);
-    BufferView qkv_w(qkv_weight_t_.data(), f32, {E, 3 * P}, {qkv_stride, 1});
-    BufferView qkv_b(qkv_bias_.data(), f32, {3 * P}, {1});
-    BufferView wq(qkv_weight_t_.data(), f32, {E, P}, {qkv_stride, 1});
-    BufferView wk(qkv_weight_t_.data() + P, f32, {E, P}, {qkv_stride, 1});
-    BufferView wv(qkv_weight_t_.data() + 2 * P, f32, {E, P}, {qkv_stride, 1});
-    BufferView bq(qkv_bias_.data(), f32, {P}, {1});
-    BufferView bk(qkv_bias_.data() + P, f32, {P}, {1});
-    BufferView bv(qkv_bias_.data() + 2 * P, f32, {P}, {1});
-    BufferView wo(out_weight_t_.data(), f32, {E, P}, {row_stride(P), 1});
-    BufferView bo(out_bias_.data(), f32, {P}, {1});
     std::optional<MaskView> mask_view;
     if (mask) {
         mask_view.emplace(*mask, weights_shape);
@@ -273,24 +196,39 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     if (weights) {
         weights_view.emplace(*weights);
     }
+    detail::CallContext context;
+    std::optional<detail::DeviceCall> on_device;
+    if (device_ != Device::cpu) {
+        on_device.emplace(device_, context);
+        on_device->input(q.raw(), query.device_handle);
+        if (!fused) {
+            on_device->input(k.raw(), key.device_handle);
+            on_device->input(v.raw(), value.device_handle);
+        }
+        if (mask_view) {
+            on_device->input(mask_view->raw(), mask->values.device_handle);
+        }
+        on_device->output(out.raw(), output.device_handle);
+        if (weights_view) {
+            on_device->output(weights_view->raw(), weights->device_handle);
+        }
+    }
     int32_t heads = static_cast<int32_t>(H);
-    detail::call_kernel(*kernel, {{"query", q.raw()},
-                                  {"key", k.raw()},
-                                  {"value", v.raw()},
-                                  {"qkv_weight_t", qkv_w.raw()},
-                                  {"qkv_bias", qkv_b.raw()},
-                                  {"q_weight_t", wq.raw()},
-                                  {"k_weight_t", wk.raw()},
-                                  {"v_weight_t", wv.raw()},
-                                  {"out_weight_t", wo.raw()},
-                                  {"q_bias", bq.raw()},
-                                  {"k_bias", bk.raw()},
-                                  {"v_bias", bv.raw()},
-                                  {"out_bias", bo.raw()},
-                                  {"num_heads", &heads},
-                                  {"mask", mask_view ? mask_view->raw() : nullptr},
-                                  {"weights", weights_view ? weights_view->raw() : nullptr},
-                                  {"output", out.raw()}});
+    std::vector<detail::NamedArgument> named = {
+        {"query", q.raw()},
+        {"key", k.raw()},
+        {"value", v.raw()},
+        {"num_heads", &heads},
+        {"mask", mask_view ? mask_view->raw() : nullptr},
+        {"weights", weights_view ? weights_view->raw() : nullptr},
+        {"output", out.raw()}};
+    for (const auto &w : packed_->views) {
+        named.push_back({w.name, w.view->raw()});
+    }
+    detail::call_kernel(*kernel, context, named);
+    if (on_device) {
+        on_device->finish();
+    }
 }
 
 std::string dispatched_isa() { return detail::dispatched_isa(); }

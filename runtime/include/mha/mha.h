@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -27,11 +28,22 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// Where a module runs its kernels.
+enum class Device {
+    cpu,     // x86-64 SIMD, the best of AVX-512 / AVX2 / SSE4.1 this CPU supports
+    cuda,    // NVIDIA GPUs of compute capability 8.0 or newer (A100, H100, H200, ...)
+    opencl,  // any OpenCL 1.2 device (also CPUs, through PoCL)
+};
+
 // A row-major, contiguous view: `shape` lists dimensions outermost first, as PyTorch does.
+// On a GPU module a tensor may live in device memory instead: `device_handle` is then a CUDA
+// device pointer (CUdeviceptr) or an OpenCL buffer (cl_mem, of the context Halide's runtime
+// uses), `data` is ignored, and the kernels read and write it in place.
 template <typename T>
 struct TensorView {
     T *data = nullptr;
     std::vector<int64_t> shape;
+    uint64_t device_handle = 0;
 };
 using Tensor = TensorView<const float>;
 using MutableTensor = TensorView<float>;
@@ -55,18 +67,26 @@ struct Linear {
     std::optional<Tensor> bias;
 };
 
+namespace detail {
+struct PackedWeights;
+}
+
 class MultiHeadAttention {
 public:
-    // Checks and copies the weights, prepacked for the kernels; the views may be freed after.
+    // Checks and copies the weights, prepacked for the kernels (and uploaded once to a GPU
+    // `device`); the views may be freed after. A missing GPU or driver raises mha::Error.
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
-                       const Linear &k_proj, const Linear &v_proj, const Linear &out_proj);
+                       const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
+                       Device device = Device::cpu);
 
+    Device device() const { return device_; }
     int64_t embed_dim() const { return embed_dim_; }
     int64_t num_heads() const { return num_heads_; }
     int64_t head_dim() const { return embed_dim_ / num_heads_; }
 
     // query [B, Sq, E], key and value [B, Sk, E] -> output [B, Sq, E] and, when `weights` is
-    // given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
+    // given, the attention weights [B, H, Sq, Sk] (per head, not averaged). On a GPU, host
+    // tensors are copied in and out; device tensors (device_handle) are used in place.
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
@@ -74,16 +94,14 @@ public:
 private:
     int64_t embed_dim_;
     int64_t num_heads_;
-    int64_t padded_ = 0;  // output features per prepacked projection, zero-padded past embed_dim
-    // Wqᵀ, Wkᵀ, Wvᵀ side by side ([in, 3 x padded] row-major, rows a little apart) and their
-    // biases: the fused QKV projection reads all three, the separate projections one block each.
-    std::vector<float> qkv_weight_t_, qkv_bias_;
-    std::vector<float> out_weight_t_, out_bias_;  // [in, padded], [padded]
+    Device device_;
+    // Immutable once built, so copies of a module share it (and its device copy).
+    std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
-// The instruction set of the kernel that Halide's run-time dispatch chose for the most recent
-// forward() on this thread: "avx512", "avx2" or "sse41" (the library carries all three and
-// runs the best one the CPU supports); empty before the first call.
+// The instruction set of the CPU kernels that Halide's run-time dispatch chose in this process:
+// "avx512", "avx2" or "sse41" (the library carries all three and runs the best one the CPU
+// supports; it decides on a kernel's first call); empty before the first CPU forward().
 std::string dispatched_isa();
 
 }  // namespace mha

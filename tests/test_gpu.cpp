@@ -1,0 +1,233 @@
+// The GPU paths: OpenCL kernels on whatever OpenCL device is present (PoCL's CPU device in CI)
+// against the reference; host and device-resident tensors; CUDA's error and skip paths.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "HalideRuntime.h"
+#include "HalideRuntimeOpenCL.h"
+#include "reference.h"
+
+namespace {
+
+using mha::Device;
+using mha::MaskConvention;
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+constexpr double kTolerance = 1e-5;
+
+uint64_t fresh_seed() { return std::random_device{}(); }
+
+mha::MultiHeadAttention make_module_on(const Problem &p, Device device) {
+    const int64_t E = p.dims.embed_dim;
+    mha::Linear lin[4];
+    for (int l = 0; l < 4; l++) {
+        lin[l] = {mha::Tensor{p.weight[l].data(), {E, E}}, mha::Tensor{p.bias[l].data(), {E}}};
+    }
+    return mha::MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3], device);
+}
+
+struct Result {
+    std::vector<float> output, weights;
+};
+
+Result run_on(const mha::MultiHeadAttention &module, const Problem &p, bool with_weights) {
+    const Dims &d = p.dims;
+    Result r;
+    r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
+    std::optional<mha::MutableTensor> weights;
+    if (with_weights) {
+        r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+        weights = mha::MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                   mha::reference::value_view(p),
+                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
+                   mha::reference::mask_view(p), weights);
+    return r;
+}
+
+void expect_matches_reference(const Problem &p, const Result &got, bool with_weights) {
+    const auto want = mha::reference::forward(p);
+    EXPECT_LT(mha::reference::relative_l2(got.output, want.output), kTolerance);
+    if (with_weights) {
+        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kTolerance);
+    }
+}
+
+// OpenCL must work where CI runs (PoCL is installed by the set-up); elsewhere a machine without
+// an OpenCL driver skips these tests.
+class OpenCl : public ::testing::Test {
+protected:
+    void SetUp() override {
+        try {
+            make_module_on(mha::reference::random_problem({1, 2, 2, 4, 1}, 1), Device::opencl);
+        } catch (const mha::Error &e) {
+            if (std::getenv("CI") != nullptr) {
+                FAIL() << "OpenCL is required in CI: " << e.what();
+            }
+            GTEST_SKIP() << e.what();
+        }
+    }
+};
+
+struct GpuCase {
+    const char *name;
+    Dims dims;
+    bool self_attention, with_weights;
+    std::optional<MaskConvention> mask;
+};
+const GpuCase kGpuCases[] = {
+    {"cross_e12_h3_keep_mask_weights", {2, 5, 7, 12, 3}, false, true, MaskConvention::keep},
+    {"self_fused_no_mask", {1, 9, 9, 16, 2}, true, false, std::nullopt},
+    {"self_fused_block_mask_weights", {3, 4, 4, 8, 1}, true, true, MaskConvention::block},
+    {"one_query_long_keys", {1, 1, 70, 24, 4}, false, false, MaskConvention::keep},
+    {"head_dim_96_weights", {1, 33, 20, 96, 1}, false, true, std::nullopt},
+};
+
+class OpenClCases : public OpenCl, public ::testing::WithParamInterface<GpuCase> {};
+
+TEST_P(OpenClCases, MatchesReference) {
+    const GpuCase &c = GetParam();
+    Problem p = mha::reference::random_problem(c.dims, fresh_seed(), c.self_attention);
+    if (c.mask) {
+        mha::reference::add_random_mask(p, *c.mask, {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
+                                        fresh_seed());
+    }
+    const auto module = make_module_on(p, Device::opencl);
+    expect_matches_reference(p, run_on(module, p, c.with_weights), c.with_weights);
+}
+
+INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
+    const Dims d{1, 3, 6, 8, 2};
+    Problem p = mha::reference::random_problem(d, fresh_seed());
+    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len}, fresh_seed());
+    for (int64_t j = 0; j < d.key_len; j++) {
+        p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
+    }
+    const Result got = run_on(make_module_on(p, Device::opencl), p, true);
+    for (int64_t h = 0; h < d.num_heads; h++) {
+        for (int64_t j = 0; j < d.key_len; j++) {
+            EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len, 1e-6);
+        }
+    }
+    expect_matches_reference(p, got, true);
+}
+
+// Halide copies a host buffer to the device only when it is marked host-dirty; a runtime that
+// forgot would silently compute on stale device memory. New contents at the same addresses
+// must give new results.
+TEST_F(OpenCl, HostInputsRewrittenInPlaceAreCopiedAgain) {
+    const Dims d{2, 6, 6, 12, 3};
+    Problem p = mha::reference::random_problem(d, fresh_seed());
+    const auto module = make_module_on(p, Device::opencl);
+    expect_matches_reference(p, run_on(module, p, true), true);
+    std::mt19937 rng(fresh_seed());
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (auto *tensor : {&p.query, &p.key, &p.value}) {
+        for (float &x : *tensor) {
+            x = u(rng);  // same vectors, same addresses, new values
+        }
+    }
+    expect_matches_reference(p, run_on(module, p, true), true);
+}
+
+// A Halide-managed OpenCL buffer: a cl_mem as a user would hold one.
+struct DeviceTensor {
+    std::vector<halide_dimension_t> dims;
+    halide_buffer_t buffer{};
+    explicit DeviceTensor(std::vector<float> &host, std::vector<int> extents_innermost_first) {
+        int stride = 1;
+        for (int e : extents_innermost_first) {
+            dims.push_back({0, e, stride, 0});
+            stride *= e;
+        }
+        buffer.host = reinterpret_cast<uint8_t *>(host.data());
+        buffer.type = halide_type_of<float>();
+        buffer.dimensions = static_cast<int>(dims.size());
+        buffer.dim = dims.data();
+        buffer.flags = halide_buffer_flag_host_dirty;
+        EXPECT_EQ(halide_copy_to_device(nullptr, &buffer, halide_opencl_device_interface()), 0);
+    }
+    ~DeviceTensor() { halide_device_free(nullptr, &buffer); }
+    uint64_t cl_mem() { return halide_opencl_get_cl_mem(nullptr, &buffer); }
+    void read_back() {
+        buffer.flags = halide_buffer_flag_device_dirty;
+        EXPECT_EQ(halide_copy_to_host(nullptr, &buffer), 0);
+    }
+};
+
+TEST_F(OpenCl, DeviceResidentTensorsAreUsedInPlace) {
+    const Dims d{2, 5, 9, 16, 4};
+    const Problem p = mha::reference::random_problem(d, fresh_seed());
+    const auto module = make_module_on(p, Device::opencl);
+    std::vector<float> query = p.query, key = p.key, value = p.value;
+    std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
+    std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+    const int B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim, H = d.num_heads;
+    DeviceTensor q(query, {E, Sq, B}), k(key, {E, Sk, B}), v(value, {E, Sk, B});
+    DeviceTensor out(output, {E, Sq, B}), w(weights, {Sk, Sq, H, B});
+    // Only device handles: the library never sees these host arrays.
+    module.forward({nullptr, {B, Sq, E}, q.cl_mem()}, {nullptr, {B, Sk, E}, k.cl_mem()},
+                   {nullptr, {B, Sk, E}, v.cl_mem()}, {nullptr, {B, Sq, E}, out.cl_mem()},
+                   std::nullopt, mha::MutableTensor{nullptr, {B, H, Sq, Sk}, w.cl_mem()});
+    out.read_back();
+    w.read_back();
+    expect_matches_reference(p, {output, weights}, true);
+}
+
+bool cuda_driver_present() {
+    for (const char *name : {"libcuda.so.1", "libcuda.so"}) {
+        if (void *h = dlopen(name, RTLD_LAZY | RTLD_LOCAL)) {
+            dlclose(h);
+            return true;
+        }
+    }
+    return false;
+}
+
+TEST(Cuda, WithoutADriverConstructionFailsClearly) {
+    if (cuda_driver_present()) {
+        GTEST_SKIP() << "a CUDA driver is present on this machine";
+    }
+    const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
+    try {
+        make_module_on(p, Device::cuda);
+        FAIL() << "no error without a CUDA driver";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "no CUDA driver found: libcuda.so could not be loaded");
+    }
+}
+
+TEST(Cuda, MatchesReference) {
+    if (!cuda_driver_present()) {
+        GTEST_SKIP() << "no CUDA driver: the CUDA kernels are compiled and linked, not run";
+    }
+    for (const GpuCase &c : kGpuCases) {
+        Problem p = mha::reference::random_problem(c.dims, fresh_seed(), c.self_attention);
+        const auto module = make_module_on(p, Device::cuda);
+        expect_matches_reference(p, run_on(module, p, c.with_weights), c.with_weights);
+    }
+}
+
+TEST(CpuModule, RejectsDeviceHandles) {
+    const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
+    const auto module = mha::reference::make_module(p);
+    std::vector<float> out(16);
+    try {
+        module.forward({nullptr, {1, 2, 8}, 0x1234}, mha::reference::key_view(p),
+                       mha::reference::value_view(p), {out.data(), {1, 2, 8}});
+        FAIL() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "query has a device_handle but the module runs on the cpu");
+    }
+}
+
+}  // namespace

@@ -22,6 +22,7 @@ struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
     std::string mask = "none";   // none | keep | block
+    mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool check = true;
     int repeats = 50;
@@ -35,6 +36,7 @@ constexpr const char *kUsage = R"(usage: mha [options]
   --embed-dim N    embedding dimension E (default 512)
   --heads N        number of heads H, dividing E (default 8)
   --mask KIND      none | keep (0 = blocked) | block (1 = blocked), shape [B, 1, Sq, Sk]
+  --device D       cpu | cuda | opencl (default cpu)
   --no-weights     do not return the attention weights
   --no-check       skip the double-precision reference (for large shapes)
   --repeats N      timed forward passes (default 50)
@@ -82,6 +84,14 @@ Options parse(int argc, char **argv) {
                 throw UsageError(
                     fmt::format("--mask '{}' is not one of none, keep, block", o.mask));
             }
+        } else if (flag == "--device") {
+            const std::string d = takes_value();
+            const std::map<std::string, mha::Device> devices = {
+                {"cpu", mha::Device::cpu}, {"cuda", mha::Device::cuda}, {"opencl", mha::Device::opencl}};
+            if (devices.count(d) == 0) {
+                throw UsageError(fmt::format("--device '{}' is not one of cpu, cuda, opencl", d));
+            }
+            o.device = devices.at(d);
         } else if (flag == "--no-weights") {
             o.return_weights = false;
         } else if (flag == "--no-check") {
@@ -134,7 +144,7 @@ int run(const Options &o) {
             problem, o.mask == "keep" ? mha::MaskConvention::keep : mha::MaskConvention::block,
             {d.batch, 1, d.query_len, d.key_len}, o.seed + 1);
     }
-    const mha::MultiHeadAttention module = mha::reference::make_module(problem);
+    const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
 
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
     std::vector<float> weights(o.return_weights ? d.batch * d.num_heads * d.query_len * d.key_len

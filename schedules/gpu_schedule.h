@@ -31,8 +31,9 @@ struct ScheduleParams {
 
 // Stages `f` (as read by `consumer`) in shared memory at `level`, loaded cooperatively by a
 // threads_x x threads_y grid, each thread loading a strided share of the tile.
-inline void stage_in_shared(Halide::Func f, const Halide::Func &consumer,
-                            const Halide::LoopLevel &level, int threads_x, int threads_y) {
+inline Halide::Func stage_in_shared(Halide::Func f, const Halide::Func &consumer,
+                                    const Halide::LoopLevel &level, int threads_x,
+                                    int threads_y) {
     using namespace Halide;
     Func staged = f.in(consumer);
     std::vector<Var> a = staged.args();
@@ -41,8 +42,9 @@ inline void stage_in_shared(Halide::Func f, const Halide::Func &consumer,
         .store_in(MemoryType::GPUShared)
         .split(a[0], xo, xi, threads_x, TailStrategy::GuardWithIf)
         .split(a[1], yo, yi, threads_y, TailStrategy::GuardWithIf)
-        .reorder(xi, yi, xo, yo)
+        .reorder(xo, yo, xi, yi)
         .gpu_threads(xi, yi);
+    return staged;
 }
 
 inline void schedule_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
@@ -135,7 +137,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .unroll(cu);
     const LoopLevel key_tile(f.context.result, jo);
     const int threads_x = head_tile / sp.head_cols_per_thread;
-    stage_in_shared(f.v_heads, f.context.result, key_tile, threads_x, sp.attention_rows);
+    // (V is read from global memory: staging it here as well was miscompiled for key tiles
+    // past the first, see bench/RESULTS.md.)
 
     MaskedSoftmax &sm = f.softmax;
     const int rows = sp.attention_rows;

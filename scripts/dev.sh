@@ -2,6 +2,7 @@
 # One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
 #   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
 #   scripts/dev.sh test                build and run every test through ctest
+#   scripts/dev.sh build               build everything (benchmarks too) and run nothing
 #   scripts/dev.sh bench [compare.py options]
 #                                      build and run the benchmark comparison against OpenBLAS
 #                                      and PyTorch (installed into .venv-bench; large download)
@@ -77,6 +78,12 @@ case "$command" in
         configure_and_build
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure "$@"
         ;;
+    build)  # everything, benchmarks included, and PyTorch for them; runs nothing
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        install_venv "$root/.venv-bench" "${bench_requirements[@]}"
+        configure_and_build -DMHA_BUILD_BENCHMARKS=ON
+        ;;
     bench)
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
@@ -86,7 +93,7 @@ case "$command" in
             --out "$build/bench/comparison.md" "$@"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | bench [options]" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | bench [options] | build" >&2
         exit 2
         ;;
 esac

@@ -63,13 +63,13 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
     }
 }
 
-MultiHeadAttention make_module(const Problem &p) {
+MultiHeadAttention make_module(const Problem &p, Device device) {
     const int64_t E = p.dims.embed_dim;
     Linear lin[4];
     for (int l = 0; l < 4; l++) {
         lin[l] = {Tensor{p.weight[l].data(), {E, E}}, Tensor{p.bias[l].data(), {E}}};
     }
-    return MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3]);
+    return MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3], device);
 }
 
 Tensor query_view(const Problem &p) {

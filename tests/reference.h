@@ -43,7 +43,7 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
                      uint64_t seed);
 
 // The library's views of a problem's tensors.
-MultiHeadAttention make_module(const Problem &p);
+MultiHeadAttention make_module(const Problem &p, Device device = Device::cpu);
 Tensor query_view(const Problem &p);
 Tensor key_view(const Problem &p);
 Tensor value_view(const Problem &p);

@@ -23,12 +23,7 @@ constexpr double kTolerance = 1e-5;
 uint64_t fresh_seed() { return std::random_device{}(); }
 
 mha::MultiHeadAttention make_module_on(const Problem &p, Device device) {
-    const int64_t E = p.dims.embed_dim;
-    mha::Linear lin[4];
-    for (int l = 0; l < 4; l++) {
-        lin[l] = {mha::Tensor{p.weight[l].data(), {E, E}}, mha::Tensor{p.bias[l].data(), {E}}};
-    }
-    return mha::MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3], device);
+    return mha::reference::make_module(p, device);
 }
 
 struct Result {
@@ -87,6 +82,8 @@ const GpuCase kGpuCases[] = {
     {"self_fused_block_mask_weights", {3, 4, 4, 8, 1}, true, true, MaskConvention::block},
     {"one_query_long_keys", {1, 1, 70, 24, 4}, false, false, MaskConvention::keep},
     {"head_dim_96_weights", {1, 33, 20, 96, 1}, false, true, std::nullopt},
+    {"many_query_and_key_tiles", {2, 40, 100, 24, 2}, false, false, std::nullopt},
+    {"self_fused_several_tiles", {1, 64, 64, 32, 2}, true, false, MaskConvention::block},
 };
 
 class OpenClCases : public OpenCl, public ::testing::WithParamInterface<GpuCase> {};

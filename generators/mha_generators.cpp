@@ -23,6 +23,15 @@ public:
     GeneratorParam<bool> return_weights{"return_weights", false};
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
+    // Tuned CPU schedule parameters, "isa@name:value,.../isa@..." (schedules/tuned/); the
+    // hand-written defaults where empty or where no entry matches the target.
+    GeneratorParam<std::string> schedule_params{"schedule", ""};
+    // The shape Halide's autoschedulers optimize for (they need estimates of every extent).
+    GeneratorParam<int> est_batch{"est_batch", 1};
+    GeneratorParam<int> est_query_len{"est_query_len", 512};
+    GeneratorParam<int> est_key_len{"est_key_len", 512};
+    GeneratorParam<int> est_embed_dim{"est_embed_dim", 512};
+    GeneratorParam<int> est_heads{"est_heads", 8};
 
     Input<Buffer<float, 3>> query{"query"};  // (e, sq, b)
     // Weights are Wᵀ panels (lane, in, panel) of padded output features (kernel_abi.h).
@@ -104,20 +113,57 @@ public:
         if (weights) {
             *weights = stages_.softmax.weights;
         }
+        set_shape_estimates();
     }
 
     void schedule() {
+        if (using_autoscheduler()) {
+            return;
+        }
         if (get_target().has_gpu_feature()) {
             mha::gpu::schedule_forward(stages_, return_weights, {});
             mha::gpu::schedule_output_copy(stages_.v, output);
         } else {
-            const auto params = mha::cpu::ScheduleParams::for_target(get_target());
+            const auto params =
+                mha::cpu::ScheduleParams::for_target(get_target(), schedule_params);
             mha::cpu::schedule_forward(stages_, return_weights, params);
             mha::cpu::schedule_output_copy(stages_.v, output, params);
         }
     }
 
 private:
+    void set_shape_estimates() {
+        const int B = est_batch, Sq = est_query_len, Sk = est_key_len, E = est_embed_dim;
+        const int H = est_heads;
+        const int P = static_cast<int>(mha::padded_features(E, H));
+        const int panel = mha::kWeightPanel;
+        num_heads.set_estimate(H);
+        query.set_estimates({{0, E}, {0, Sq}, {0, B}});
+        output.set_estimates({{0, E}, {0, Sq}, {0, B}});
+        out_weight.set_estimates({{0, panel}, {0, E}, {0, P / panel}});
+        out_bias.set_estimates({{0, P}});
+        if (fused_qkv) {
+            qkv_weight->set_estimates({{0, panel}, {0, E}, {0, 3 * P / panel}});
+            qkv_bias->set_estimates({{0, 3 * P}});
+        } else {
+            for (auto *x : {key, value}) {
+                x->set_estimates({{0, E}, {0, Sk}, {0, B}});
+            }
+            for (auto *w : {q_weight, k_weight, v_weight}) {
+                w->set_estimates({{0, panel}, {0, E}, {0, P / panel}});
+            }
+            for (auto *b : {q_bias, k_bias, v_bias}) {
+                b->set_estimates({{0, P}});
+            }
+        }
+        if (mask) {
+            mask->set_estimates({{0, Sk}, {0, Sq}, {0, H}, {0, B}});
+        }
+        if (weights) {
+            weights->set_estimates({{0, Sk}, {0, Sq}, {0, H}, {0, B}});
+        }
+    }
+
     mha::ForwardStages stages_;
 };
 

@@ -6,9 +6,9 @@
 // reduction.
 // Attention: a block owns (query tile, head, batch). Its query rows are staged in shared memory
 // once; the row max and sum are reduced on the device (one thread per row, scores recomputed);
-// then key tiles are swept: K and V tiles and the tile's softmax weights live in shared memory
-// while every thread accumulates its slice of weights·V in registers. Without the weights
-// requested, no [B, H, Sq, Sk] tensor exists in global memory.
+// then key tiles are swept: the K tile and the tile's softmax weights live in shared memory
+// while every thread accumulates its slice of weights·V in registers (V through the cache).
+// Without the weights requested, no [B, H, Sq, Sk] tensor exists in global memory.
 #pragma once
 
 #include <vector>
@@ -137,8 +137,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .unroll(cu);
     const LoopLevel key_tile(f.context.result, jo);
     const int threads_x = head_tile / sp.head_cols_per_thread;
-    // (V is read from global memory: staging it here as well was miscompiled for key tiles
-    // past the first, see bench/RESULTS.md.)
+    // V is read from global memory (through the cache): staged in shared memory here as well,
+    // key tiles past the first came out wrong on OpenCL (PoCL), so it is not staged.
 
     MaskedSoftmax &sm = f.softmax;
     const int rows = sp.attention_rows;
@@ -146,9 +146,6 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     // copies of the dot product, in registers), so that no row of Sk scores is ever held.
     f.stat_scores.at(0).dot.compute_at(sm.row_max, sm.max_j.x).store_in(MemoryType::Register);
     f.stat_scores.at(1).dot.compute_at(sm.row_sum, sm.sum_j.x).store_in(MemoryType::Register);
-    // The softmax weights of one key tile, each thread computing its own score in registers.
-    f.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
-
     if (weights_are_output) {
         // Row statistics in kernels of their own, then the weights output in (key tile, row
         // tile) blocks, read back tile by tile into shared memory by weights·V.
@@ -160,7 +157,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
                 .gpu_threads(ii2);
         }
         for (Func stat : {sm.row_max, sm.row_sum}) {
-            stat.update().split(v.i, io2, ii2, rows, whole).gpu_blocks(io2, v.h, v.b).gpu_threads(ii2);
+            stat.update()
+                .split(v.i, io2, ii2, rows, whole)
+                .gpu_blocks(io2, v.h, v.b)
+                .gpu_threads(ii2);
         }
         // Batches are launched in turn: a fused (head, batch) block index would hide from
         // bounds inference that each thread's score is a single element.
@@ -171,7 +171,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
             .reorder(jj, wi, jt, wo, v.h, v.b)
             .gpu_blocks(jt, wo, v.h)
             .gpu_threads(jj, wi);
-        f.scores.dot.compute_at(sm.weights, jj);
+        // Each thread computes its own score in registers.
+        f.scores.dot.compute_at(sm.weights, jj).store_in(MemoryType::Register);
         stage_in_shared(f.k_heads, f.scores.dot, LoopLevel(sm.weights, jt), threads_x, rows);
         f.weights_for_values.compute_at(key_tile)
             .store_in(MemoryType::GPUShared)
@@ -189,6 +190,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         sm.weights.compute_at(key_tile)
             .store_in(MemoryType::GPUShared)
             .gpu_threads(v.j, v.i);
+        f.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
         stage_in_shared(f.k_heads, f.scores.dot, key_tile, threads_x, rows);
         stage_in_shared(f.q_heads, f.scores.dot, LoopLevel(context_tiles, co), threads_x, rows);
     }

@@ -144,7 +144,7 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // printed or aborted.
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     mha::detail::install_runtime_hooks();
-    const auto *kernel = mha::detail::find_forward_kernel(mha::Device::cpu, mha::detail::MaskKind::none, false,
+    const auto *kernel = mha::detail::find_forward_kernel(mha::Device::cpu, 10, mha::detail::MaskKind::none, false,
                                                           /*fused_qkv=*/false);
     ASSERT_NE(kernel, nullptr);
     const int padded = static_cast<int>(mha::padded_features(12, 3));

@@ -1,6 +1,8 @@
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -27,15 +29,36 @@ bool has_feature(const uint64_t *features, halide_target_feature_t f) {
 std::atomic<const char *> dispatched{""};
 thread_local const char *last_kernel = "";
 
+const char *isa_name(const uint64_t *features) {
+    return has_feature(features, halide_target_feature_avx512_skylake) ? "avx512"
+           : has_feature(features, halide_target_feature_avx2)        ? "avx2"
+           : has_feature(features, halide_target_feature_sse41)       ? "sse41"
+                                                                      : "x86-64";
+}
+
+// MHA_CPU_ISA=avx2 (or sse41) caps the instruction sets dispatch may pick: for testing the
+// lower code paths on a CPU that has more.
+bool above_cap(const char *isa) {
+    static const char *const order[] = {"x86-64", "sse41", "avx2", "avx512"};
+    const char *cap = std::getenv("MHA_CPU_ISA");
+    if (cap == nullptr) {
+        return false;
+    }
+    const auto rank = [&](const char *name) {
+        return std::find_if(std::begin(order), std::end(order),
+                            [&](const char *o) { return std::strcmp(o, name) == 0; }) -
+               std::begin(order);
+    };
+    return rank(isa) > rank(cap);
+}
+
 // Halide's multi-target dispatch asks this for each compiled target, best first, and runs the
 // first accepted: remember which one that was.
 int observe_dispatch(int count, const uint64_t *features) {
-    const int usable = halide_default_can_use_target_features(count, features);
+    const char *isa = isa_name(features);
+    const int usable = !above_cap(isa) && halide_default_can_use_target_features(count, features);
     if (usable) {
-        dispatched = has_feature(features, halide_target_feature_avx512_skylake) ? "avx512"
-                     : has_feature(features, halide_target_feature_avx2)        ? "avx2"
-                     : has_feature(features, halide_target_feature_sse41)       ? "sse41"
-                                                                                : "x86-64";
+        dispatched = isa;
     }
     return usable;
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "HalideRuntime.h"
+#include "kernel_abi.h"
 #include "mha/mha.h"
 
 namespace mha::detail {
@@ -14,6 +15,7 @@ enum class MaskKind { none, keep, block };
 
 struct ForwardKernel {
     Device device;
+    ShapeBucket bucket;
     MaskKind mask_kind;
     bool returns_weights;
     bool fused_qkv;  // self-attention: query = key = value, one QKV projection
@@ -21,9 +23,9 @@ struct ForwardKernel {
     const halide_filter_metadata_t *(*metadata)();
 };
 
-// Null when the build has no such variant.
-const ForwardKernel *find_forward_kernel(Device device, MaskKind mask_kind, bool returns_weights,
-                                         bool fused_qkv);
+// The kernel for a call with `token_rows` = B·Sq; null when the build has no such variant.
+const ForwardKernel *find_forward_kernel(Device device, int64_t token_rows, MaskKind mask_kind,
+                                         bool returns_weights, bool fused_qkv);
 
 // Collects the error messages of the Halide calls made with it as their user_context.
 struct CallContext {

@@ -102,6 +102,7 @@ private:
 // The instruction set of the CPU kernels that Halide's run-time dispatch chose in this process:
 // "avx512", "avx2" or "sse41" (the library carries all three and runs the best one the CPU
 // supports; it decides on a kernel's first call); empty before the first CPU forward().
+// Setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that choice.
 std::string dispatched_isa();
 
 }  // namespace mha

@@ -1,0 +1,478 @@
+// mha-tune: benchmark-driven search over the CPU schedule's parameters (schedules/cpu_schedule.h).
+//
+// For each shape bucket it JIT-compiles candidates of the forward pass for one target, checks
+// each against the double-precision reference, times it with Halide's benchmark harness, and
+// keeps the fastest. Random sampling first, then local refinement of the best (one or two
+// parameters moved to a neighbouring value), with early stopping; candidates that cannot fit
+// the register file are pruned before compiling. Writes schedules/tuned/<target>.json.
+//
+// mha-tune --compare instead times, per shape of the CPU sweep, the default parameters, the
+// tuned file's, and Halide's Adams2019, Mullapudi2016 and Li2018 autoschedulers on the same
+// pipeline, and prints the table.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "Halide.h"
+#include "cpu_schedule.h"
+#include "halide_benchmark.h"
+#include "packed_weights.h"
+#include "reference.h"
+
+namespace {
+
+using mha::cpu::ScheduleParams;
+using mha::reference::Dims;
+using Clock = std::chrono::steady_clock;
+
+struct Bucket {
+    const char *name;
+    int64_t max_rows;  // token rows B·Sq up to which a call uses this bucket's kernels
+    Dims shape;        // what it is tuned on
+};
+// Keep in step with kShapeBuckets in runtime/src/kernel_table.h.
+const Bucket kBuckets[] = {{"small", 64, {2, 5, 5, 512, 8}},
+                           {"medium", 1024, {4, 256, 256, 512, 8}},
+                           {"large", int64_t(1) << 40, {1, 2048, 2048, 512, 8}}};
+
+const Dims kSweep[] = {{2, 5, 5, 512, 8},          {1, 128, 128, 512, 8},
+                       {4, 256, 256, 512, 8},      {1, 512, 512, 768, 12},
+                       {1, 1024, 1024, 1024, 16},  {1, 2048, 2048, 512, 8},
+                       {1, 64, 2048, 512, 8},      {1, 1, 4096, 512, 8}};
+
+const Bucket &bucket_for(const Dims &d) {
+    for (const Bucket &b : kBuckets) {
+        if (d.batch * d.query_len <= b.max_rows) {
+            return b;
+        }
+    }
+    return kBuckets[2];
+}
+
+// One JIT-compiled forward pass (no mask, no weights), callable by argument name.
+class Candidate {
+public:
+    Candidate(const Halide::Target &target, const Dims &shape, const std::string &schedule,
+              const std::string &autoscheduler = "") {
+        Halide::GeneratorContext context(target);
+        auto gen = Halide::Internal::GeneratorRegistry::create("mha_forward", context);
+        const bool fused = shape.query_len == shape.key_len;
+        gen->set_generatorparam_value("fused_qkv", fused ? "true" : "false");
+        gen->set_generatorparam_value("schedule", schedule);
+        const std::pair<const char *, int64_t> estimates[] = {
+            {"est_batch", shape.batch},         {"est_query_len", shape.query_len},
+            {"est_key_len", shape.key_len},     {"est_embed_dim", shape.embed_dim},
+            {"est_heads", shape.num_heads}};
+        for (const auto &[name, value] : estimates) {
+            gen->set_generatorparam_value(name, std::to_string(value));
+        }
+        if (!autoscheduler.empty()) {
+            gen->set_generatorparam_value("autoscheduler", autoscheduler);
+        }
+        Halide::Pipeline pipeline = gen->build_pipeline();
+        if (!autoscheduler.empty()) {
+            Halide::AutoschedulerParams params(autoscheduler, {{"parallelism", "2"}});
+            pipeline.apply_autoscheduler(target, params);
+        }
+        args_ = pipeline.infer_arguments();
+        for (const Halide::Func &out : pipeline.outputs()) {
+            outputs_.push_back(out.name());
+        }
+        callable_ = pipeline.compile_to_callable(args_, target);
+    }
+
+    // Runs on `p`, writing `output`; returns Halide's result code.
+    int run(const mha::reference::Problem &p, const mha::detail::PackedWeights &w,
+            std::vector<float> &output) const {
+        const Dims &d = p.dims;
+        Halide::Runtime::Buffer<float> q(const_cast<float *>(p.query.data()),
+                                         {int(d.embed_dim), int(d.query_len), int(d.batch)});
+        Halide::Runtime::Buffer<float> k(const_cast<float *>(p.key.data()),
+                                         {int(d.embed_dim), int(d.key_len), int(d.batch)});
+        Halide::Runtime::Buffer<float> v(const_cast<float *>(p.value.data()),
+                                         {int(d.embed_dim), int(d.key_len), int(d.batch)});
+        Halide::Runtime::Buffer<float> out(output.data(),
+                                           {int(d.embed_dim), int(d.query_len), int(d.batch)});
+        int32_t heads = static_cast<int32_t>(d.num_heads);
+        std::map<std::string, const void *> named = {
+            {"query", q.raw_buffer()}, {"key", k.raw_buffer()}, {"value", v.raw_buffer()},
+            {"num_heads", &heads}};
+        for (const auto &view : w.views) {
+            named[view.name] = view.view->raw();
+        }
+        Halide::JITUserContext context;
+        Halide::JITUserContext *context_ptr = &context;
+        std::vector<const void *> argv = {&context_ptr};
+        for (const Halide::Argument &a : args_) {
+            argv.push_back(named.at(a.name));
+        }
+        for (size_t o = 0; o < outputs_.size(); o++) {
+            argv.push_back(out.raw_buffer());
+        }
+        return callable_.call_argv_fast(argv.size(), argv.data());
+    }
+
+private:
+    std::vector<Halide::Argument> args_;
+    std::vector<std::string> outputs_;
+    Halide::Callable callable_;
+};
+
+// A problem and its packed weights, built once per shape.
+struct Workload {
+    mha::reference::Problem problem;
+    std::unique_ptr<mha::detail::PackedWeights> weights;
+    std::vector<float> output;
+    explicit Workload(const Dims &d, uint64_t seed)
+        : problem(mha::reference::random_problem(d, seed, d.query_len == d.key_len)),
+          output(d.batch * d.query_len * d.embed_dim) {
+        const int64_t E = d.embed_dim;
+        mha::Linear lin[4];
+        for (int l = 0; l < 4; l++) {
+            lin[l] = {mha::Tensor{problem.weight[l].data(), {E, E}},
+                      mha::Tensor{problem.bias[l].data(), {E}}};
+        }
+        const mha::Linear *linears[4] = {&lin[0], &lin[1], &lin[2], &lin[3]};
+        weights = std::make_unique<mha::detail::PackedWeights>(E, d.num_heads, linears,
+                                                               mha::Device::cpu);
+    }
+};
+
+// Median-free best-of timing from Halide's harness, in milliseconds.
+double time_ms(const Candidate &c, Workload &w, double min_time) {
+    Halide::Tools::BenchmarkConfig config;
+    config.min_time = min_time;
+    config.max_time = 4 * min_time;
+    return 1e3 * Halide::Tools::benchmark([&] { c.run(w.problem, *w.weights, w.output); }, config)
+                     .wall_time;
+}
+
+// Relative L2 error on a small awkward shape with the bucket's embedding.
+double check_error(const Candidate &c, const Dims &bucket_shape, bool fused) {
+    Dims d{2, 7, fused ? 7 : 11, bucket_shape.embed_dim, bucket_shape.num_heads};
+    Workload w(d, 99);
+    if (c.run(w.problem, *w.weights, w.output) != 0) {
+        return INFINITY;
+    }
+    return mha::reference::relative_l2(w.output, mha::reference::forward(w.problem).output);
+}
+
+// The search space, per parameter, for a target with `lanes` f32 lanes and `registers` vector
+// registers.
+struct Space {
+    std::map<std::string, std::vector<int>> values;
+    int registers;
+    Space(int lanes, int registers) : registers(registers) {
+        std::vector<int> vectors;
+        for (int v : {1, 2, 4, 8}) {
+            if (mha::kMaxTile % (v * lanes) == 0) {
+                vectors.push_back(v);
+            }
+        }
+        values = {{"proj_vectors", vectors},         {"proj_rows", {2, 3, 4, 6, 8, 12, 14}},
+                  {"proj_block_tiles", {4, 8, 16, 32, 64}}, {"attention_rows", {4, 8, 12, 16, 24}},
+                  {"tasks_per_head", {1, 2, 4, 8}},  {"qk_vectors", vectors},
+                  {"qk_rows", {1, 2, 3, 4, 6, 8, 12}}, {"pv_vectors", vectors},
+                  {"pv_rows", {1, 2, 3, 4, 6, 8, 12}}, {"materialize_weights", {0, 1}}};
+    }
+    // Cost-model pruning: register tiles that spill are never worth compiling.
+    bool plausible(const ScheduleParams &p) const {
+        const int budget = registers - 2;
+        return p.invalid_because().empty() && p.proj_vectors * p.proj_rows <= budget &&
+               p.qk_vectors * p.qk_rows <= budget && p.pv_vectors * p.pv_rows <= budget;
+    }
+    ScheduleParams random(ScheduleParams p, std::mt19937_64 &rng) const {
+        for (const auto &[name, field] : ScheduleParams::tunables()) {
+            const auto &choices = values.at(name);
+            p.*field = choices[rng() % choices.size()];
+        }
+        return p;
+    }
+    // One or two parameters moved to a neighbouring value.
+    ScheduleParams neighbour(ScheduleParams p, std::mt19937_64 &rng) const {
+        const auto &t = ScheduleParams::tunables();
+        for (int moves = 1 + rng() % 2; moves > 0; moves--) {
+            const auto &[name, field] = t[rng() % t.size()];
+            const auto &choices = values.at(name);
+            auto it = std::find(choices.begin(), choices.end(), p.*field);
+            const int at = it == choices.end() ? 0 : int(it - choices.begin());
+            const int step = (rng() % 2) ? 1 : -1;
+            p.*field = choices[std::clamp(at + step, 0, int(choices.size()) - 1)];
+        }
+        return p;
+    }
+};
+
+struct Tried {
+    ScheduleParams params;
+    double ms;           // INFINITY when it failed
+    std::string failure;  // why, when it failed
+};
+
+std::string params_json(const ScheduleParams &p) {
+    std::string out;
+    for (const auto &[name, field] : ScheduleParams::tunables()) {
+        out += fmt::format("{}\"{}\": {}", out.empty() ? "" : ", ", name, p.*field);
+    }
+    return "{" + out + "}";
+}
+
+std::string machine_description() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            return fmt::format("{}, {} cores", line.substr(line.find(':') + 2),
+                               std::thread::hardware_concurrency());
+        }
+    }
+    return "unknown";
+}
+
+std::string isa_entry(const std::string &isa, const ScheduleParams &p) {
+    return isa + "@" + p.to_string();
+}
+
+int tune(const Halide::Target &target, double budget_minutes, uint64_t seed,
+         const std::string &out_path, const std::string &command) {
+    const std::string isa = ScheduleParams::isa_of(target);
+    const ScheduleParams defaults = ScheduleParams::for_target(target);
+    const Space space(defaults.vector_lanes, target.has_feature(Halide::Target::AVX512) ? 32 : 16);
+    std::mt19937_64 rng(seed);
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::duration<double>(budget_minutes * 60);
+    std::string buckets_json;
+    for (size_t b = 0; b < std::size(kBuckets); b++) {
+        const Bucket &bucket = kBuckets[b];
+        const bool fused = bucket.shape.query_len == bucket.shape.key_len;
+        // An equal share of what is left for each remaining bucket.
+        const auto bucket_deadline =
+            Clock::now() + (deadline - Clock::now()) / int(std::size(kBuckets) - b);
+        Workload work(bucket.shape, seed);
+        const double min_time = bucket.shape.forward_flops() > 5e9 ? 0.4 : 0.15;
+        std::vector<Tried> tried;
+        const auto evaluate = [&](const ScheduleParams &p) {
+            Tried t{p, INFINITY, ""};
+            try {
+                Candidate c(target, bucket.shape, isa_entry(isa, p));
+                const double error = check_error(c, bucket.shape, fused);
+                if (!(error < 1e-5)) {
+                    t.failure = fmt::format("wrong answer: relative L2 {:.2e}", error);
+                } else {
+                    t.ms = time_ms(c, work, min_time);
+                }
+            } catch (const std::exception &e) {
+                t.failure = fmt::format("failed to compile: {}", e.what());
+            }
+            tried.push_back(t);
+            return t.ms;
+        };
+        const double default_ms = evaluate(defaults);
+        Tried best = tried.back();
+        int since_improvement = 0;
+        const int random_phase = 16, patience = 40;
+        for (int n = 1; Clock::now() < bucket_deadline && since_improvement < patience; n++) {
+            ScheduleParams p;
+            int attempts = 0;
+            do {  // prune implausible candidates before spending a compile on them
+                p = n <= random_phase ? space.random(defaults, rng) : space.neighbour(best.params, rng);
+            } while (!space.plausible(p) && ++attempts < 1000);
+            const double ms = evaluate(p);
+            if (ms < best.ms) {
+                best = tried.back();
+                since_improvement = 0;
+            } else if (n > random_phase) {
+                since_improvement++;
+            }
+            const double left =
+                std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+            fmt::print(stderr,
+                       "[{} {}/{}] candidate {}: {} | best {:.3f} ms ({:.2f}x default) | {}m{:02}s "
+                       "left\n",
+                       bucket.name, b + 1, std::size(kBuckets), n,
+                       std::isfinite(ms) ? fmt::format("{:.3f} ms", ms) : tried.back().failure.substr(0, 60),
+                       best.ms, default_ms / best.ms, int(left) / 60, int(left) % 60);
+        }
+        // Timing noise on a shared machine can crown a lucky candidate: re-time the winner
+        // against the defaults, interleaved, and keep the defaults unless it still wins.
+        double verified_default = default_ms, verified_best = best.ms;
+        if (std::isfinite(best.ms) && !(best.params.to_string() == defaults.to_string())) {
+            Candidate def(target, bucket.shape, isa_entry(isa, defaults));
+            Candidate win(target, bucket.shape, isa_entry(isa, best.params));
+            std::vector<double> d_ms, w_ms;
+            for (int round = 0; round < 3; round++) {
+                d_ms.push_back(time_ms(def, work, min_time));
+                w_ms.push_back(time_ms(win, work, min_time));
+            }
+            std::sort(d_ms.begin(), d_ms.end());
+            std::sort(w_ms.begin(), w_ms.end());
+            verified_default = d_ms[1];
+            verified_best = w_ms[1];
+            if (verified_best > 0.98 * verified_default) {
+                best = tried.front();  // the defaults
+                verified_best = verified_default;
+            }
+        }
+        fmt::print(stderr, "[{}] verified: default {:.3f} ms, tuned {:.3f} ms ({:.2f}x)\n",
+                   bucket.name, verified_default, verified_best, verified_default / verified_best);
+        std::string failed;
+        for (const Tried &t : tried) {
+            if (!t.failure.empty()) {
+                failed += fmt::format("{}\n        {{\"params\": {}, \"why\": {:?}}}",
+                                      failed.empty() ? "" : ",", params_json(t.params), t.failure);
+            }
+        }
+        buckets_json += fmt::format(
+            "{}\n    {{\"name\": \"{}\", \"max_rows\": {}, \"shape\": [{}, {}, {}, {}, {}],\n"
+            "     \"params\": {},\n     \"default_ms\": {:.4f}, \"tuned_ms\": {:.4f}, "
+            "\"candidates\": {}, \"failed\": [{}]}}",
+            b ? "," : "", bucket.name, bucket.max_rows, bucket.shape.batch, bucket.shape.query_len,
+            bucket.shape.key_len, bucket.shape.embed_dim, bucket.shape.num_heads,
+            params_json(best.params), verified_default, verified_best, tried.size(), failed);
+    }
+    const std::time_t now = std::time(nullptr);
+    char date[32];
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+    std::ofstream out(out_path);
+    out << fmt::format(
+        "{{\n  \"format\": \"mha-tuned-schedule/1\",\n  \"target\": \"{}\",\n  \"isa\": \"{}\",\n"
+        "  \"date\": \"{}\",\n  \"machine\": {:?},\n  \"command\": {:?},\n  \"seed\": {},\n"
+        "  \"buckets\": [{}\n  ]\n}}\n",
+        target.to_string(), isa, date, machine_description(), command, seed, buckets_json);
+    fmt::print(stderr, "wrote {} ({:.1f} minutes)\n", out_path,
+               std::chrono::duration<double>(Clock::now() - start).count() / 60);
+    return out ? 0 : 1;
+}
+
+// The tuned parameters of `bucket` in a tuned file, by a plain scan of its JSON.
+std::optional<ScheduleParams> tuned_params(const std::string &path, const Halide::Target &target,
+                                           const char *bucket) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string json = text.str();
+    const size_t at = json.find(fmt::format("\"name\": \"{}\"", bucket));
+    if (at == std::string::npos) {
+        return std::nullopt;
+    }
+    const size_t open = json.find('{', json.find("\"params\"", at));
+    const std::string body = json.substr(open + 1, json.find('}', open) - open - 1);
+    std::string assignments;
+    for (char c : body) {
+        if (c != '"' && c != ' ' && c != '\n') {
+            assignments += c;
+        }
+    }
+    ScheduleParams p = ScheduleParams::for_target(target);
+    p.apply(assignments);
+    return p;
+}
+
+int compare(const Halide::Target &target, const std::string &tuned_path) {
+    const std::string isa = ScheduleParams::isa_of(target);
+    fmt::print("| shape (B, Sq, Sk, E, H) | default ms | tuned ms | Adams2019 ms | Mullapudi2016 ms "
+               "| Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
+    fmt::print("|---|---|---|---|---|---|---|---|\n");
+    double log_speedup = 0;
+    for (const Dims &d : kSweep) {
+        Workload work(d, 5);
+        const double min_time = d.forward_flops() > 5e9 ? 0.4 : 0.15;
+        const auto run = [&](const std::string &schedule, const std::string &autoscheduler) {
+            try {
+                Candidate c(target, d, schedule, autoscheduler);
+                const double error = check_error(c, d, d.query_len == d.key_len);
+                if (!(error < 1e-5)) {
+                    fmt::print(stderr, "{} on {}: wrong answer ({:.2e})\n", autoscheduler, d.query_len, error);
+                    return double(INFINITY);
+                }
+                return time_ms(c, work, min_time);
+            } catch (const std::exception &e) {
+                fmt::print(stderr, "{} failed: {}\n", autoscheduler, e.what());
+                return double(INFINITY);
+            }
+        };
+        const auto tuned = tuned_params(tuned_path, target, bucket_for(d).name);
+        const double default_ms = run("", "");
+        const double tuned_ms = tuned ? run(isa_entry(isa, *tuned), "") : default_ms;
+        const double adams = run("", "Adams2019");
+        const double mullapudi = run("", "Mullapudi2016");
+        const double li = run("", "Li2018");
+        const double best_auto = std::min({adams, mullapudi, li});
+        log_speedup += std::log(default_ms / tuned_ms);
+        fmt::print("| {}, {}, {}, {}, {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |\n",
+                   d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads, default_ms, tuned_ms,
+                   adams, mullapudi, li, default_ms / tuned_ms, best_auto / tuned_ms);
+        std::fflush(stdout);
+    }
+    fmt::print("\ngeometric mean, tuned × default: {:.2f}\n",
+               std::exp(log_speedup / std::size(kSweep)));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    std::string target_string = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+    std::string out_path, tuned_path;
+    double budget_minutes = 15;
+    uint64_t seed = 1;
+    bool comparing = false;
+    std::string command = "mha-tune";
+    for (int a = 1; a < argc; a++) {
+        command += std::string(" ") + argv[a];
+    }
+    for (int a = 1; a < argc; a++) {
+        const std::string arg = argv[a];
+        const auto value = [&]() -> std::string {
+            if (a + 1 >= argc) {
+                fmt::print(stderr, "mha-tune: {} needs a value\n", arg);
+                std::exit(2);
+            }
+            return argv[++a];
+        };
+        if (arg == "--target") {
+            target_string = value();
+        } else if (arg == "--budget-minutes") {
+            budget_minutes = std::stod(value());
+        } else if (arg == "--seed") {
+            seed = std::stoull(value());
+        } else if (arg == "--out") {
+            out_path = value();
+        } else if (arg == "--compare") {
+            comparing = true;
+            tuned_path = value();
+        } else {
+            fmt::print(stderr,
+                       "usage: mha-tune [--target T] [--budget-minutes M] [--seed S] --out FILE\n"
+                       "       mha-tune [--target T] --compare TUNED_FILE\n");
+            return 2;
+        }
+    }
+    try {
+        const Halide::Target target(target_string);
+        Halide::load_plugin(MHA_ADAMS2019_PLUGIN);
+        Halide::load_plugin(MHA_MULLAPUDI2016_PLUGIN);
+        Halide::load_plugin(MHA_LI2018_PLUGIN);
+        if (comparing) {
+            return compare(target, tuned_path);
+        }
+        if (out_path.empty()) {
+            fmt::print(stderr, "mha-tune: --out FILE is required\n");
+            return 2;
+        }
+        return tune(target, budget_minutes, seed, out_path, command);
+    } catch (const std::exception &e) {
+        fmt::print(stderr, "mha-tune: {}\n", e.what());
+        return 1;
+    }
+}

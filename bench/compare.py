@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import report
 import torch_peer
 
 NAME = re.compile(r"^(?P<system>halide|blas)/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)"
@@ -121,11 +122,7 @@ def main():
         emit("|" + "---|" * (len(names) + 1))
         for shape, st in sorted(stages.items()):
             emit(f"| {shape} | " + " | ".join(f"{st.get(n, float('nan')):.3f}" for n in names) + " |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report.publish(lines, args.out)
 
 
 if __name__ == "__main__":

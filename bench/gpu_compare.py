@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import report
 import torch
 import torch.nn.functional as F
 
@@ -83,11 +84,7 @@ def main():
         lines.append(f"| {', '.join(map(str, dims))} | {r['ms']:.3f} | {tflops:.2f} "
                      f"| {100 * tflops / args.peak_tflops:.1f}% | {err} | {t:.3f} "
                      f"| {t / r['ms']:.2f} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    report.publish(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -149,6 +149,16 @@ struct ScheduleParams {
     }
 };
 
+// An accumulator computed whole inside one register tile at `at`: both definitions vectorized
+// along `cols` and unrolled along `rows`, the update's reduction `k` outside the tile.
+inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at,
+                                   const Halide::Var &cols, const Halide::Var &rows,
+                                   const Halide::RVar &k, int vec) {
+    using Halide::MemoryType;
+    acc.compute_at(at).store_in(MemoryType::Register).vectorize(cols, vec).unroll(cols).unroll(rows);
+    acc.update().reorder(cols, rows, k).vectorize(cols, vec).unroll(cols).unroll(rows);
+}
+
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
 // tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
 inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
@@ -172,16 +182,7 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
         .vectorize(ei, sp.vector_lanes)
         .unroll(ei)
         .unroll(ri);
-    p.result.compute_at(tiles, ro)
-        .store_in(MemoryType::Register)
-        .vectorize(v.e, sp.vector_lanes)
-        .unroll(v.e)
-        .unroll(v.r);
-    p.result.update()
-        .reorder(v.e, v.r, p.k)
-        .vectorize(v.e, sp.vector_lanes)
-        .unroll(v.e)
-        .unroll(v.r);
+    schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, p.k.x, sp.vector_lanes);
     return tiles;
 }
 
@@ -256,16 +257,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .vectorize(ci, vec)
         .unroll(ci)
         .unroll(pii);
-    f.context.result.compute_at(context_tiles, co)
-        .store_in(MemoryType::Register)
-        .vectorize(v.c, vec)
-        .unroll(v.c)
-        .unroll(v.i);
-    f.context.result.update()
-        .reorder(v.c, v.i, f.context.j, v.h, v.b)
-        .vectorize(v.c, vec)
-        .unroll(v.c)
-        .unroll(v.i);
+    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i,
+                           f.context.j.x, vec);
 
     // Scores and softmax live in tile buffers allocated once per task: per attention tile of
     // weights·V, or per row block of the weights output when the caller asked for the weights.
@@ -304,16 +297,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .vectorize(ji, vec)
         .unroll(ji)
         .unroll(qii);
-    f.scores.dot.compute_at(score_tiles, jo)
-        .store_in(MemoryType::Register)
-        .vectorize(v.j, vec)
-        .unroll(v.j)
-        .unroll(v.i);
-    f.scores.dot.update()
-        .reorder(v.j, v.i, f.scores.c)
-        .vectorize(v.j, vec)
-        .unroll(v.j)
-        .unroll(v.i);
+    schedule_register_tile(f.scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, f.scores.c.x, vec);
 
     // Row reductions vectorized across keys: rfactor into vector-wide partial results.
     for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {

@@ -16,7 +16,11 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <sys/wait.h>
 #include <map>
 #include <optional>
 #include <random>
@@ -378,43 +382,78 @@ std::optional<ScheduleParams> tuned_params(const std::string &path, const Halide
     return p;
 }
 
-int compare(const Halide::Target &target, const std::string &tuned_path) {
-    const std::string isa = ScheduleParams::isa_of(target);
-    fmt::print("| shape (B, Sq, Sk, E, H) | default ms | tuned ms | Adams2019 ms | Mullapudi2016 ms "
-               "| Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
+// One measurement of --compare: shape `index` of the sweep with `which` schedule (default,
+// tuned, or an autoscheduler's name); prints milliseconds, or "wrong" / "failed".
+int measure_one(const Halide::Target &target, const std::string &tuned_path, size_t index,
+                const std::string &which) {
+    const Dims &d = kSweep[index];
+    Workload work(d, 5);
+    const double min_time = d.forward_flops() > 5e9 ? 0.4 : 0.15;
+    std::string schedule, autoscheduler;
+    if (which == "tuned") {
+        if (auto tuned = tuned_params(tuned_path, target, bucket_for(d).name)) {
+            schedule = isa_entry(ScheduleParams::isa_of(target), *tuned);
+        }
+    } else if (which != "default") {
+        autoscheduler = which;
+    }
+    Candidate c(target, d, schedule, autoscheduler);
+    const double error = check_error(c, d, d.query_len == d.key_len);
+    if (!(error < 1e-5)) {
+        fmt::print("wrong\n");
+        return 0;
+    }
+    fmt::print("{:.4f}\n", time_ms(c, work, min_time));
+    return 0;
+}
+
+// Every measurement in a child process of its own, so that one autoscheduler's long search or
+// compile is cut off at `limit_s` without stopping the comparison.
+int compare(const std::string &self, const std::string &target_string,
+            const std::string &tuned_path, int limit_s) {
+    const char *schedulers[] = {"default", "tuned", "Adams2019", "Mullapudi2016", "Li2018"};
+    fmt::print("| shape (B, Sq, Sk, E, H) | default ms | tuned ms | Adams2019 ms | "
+               "Mullapudi2016 ms | Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
     fmt::print("|---|---|---|---|---|---|---|---|\n");
     double log_speedup = 0;
-    for (const Dims &d : kSweep) {
-        Workload work(d, 5);
-        const double min_time = d.forward_flops() > 5e9 ? 0.4 : 0.15;
-        const auto run = [&](const std::string &schedule, const std::string &autoscheduler) {
-            try {
-                Candidate c(target, d, schedule, autoscheduler);
-                const double error = check_error(c, d, d.query_len == d.key_len);
-                if (!(error < 1e-5)) {
-                    fmt::print(stderr, "{} on {}: wrong answer ({:.2e})\n", autoscheduler, d.query_len, error);
-                    return double(INFINITY);
+    for (size_t i = 0; i < std::size(kSweep); i++) {
+        const Dims &d = kSweep[i];
+        std::map<std::string, double> ms;
+        std::map<std::string, std::string> cell;
+        for (const char *which : schedulers) {
+            const std::string cmd =
+                fmt::format("timeout {} '{}' --target {} --measure {} {} --compare '{}' 2>/dev/null",
+                            limit_s, self, target_string, i, which, tuned_path);
+            std::string out;
+            if (FILE *pipe = popen(cmd.c_str(), "r")) {
+                char buf[128];
+                while (fgets(buf, sizeof buf, pipe)) {
+                    out += buf;
                 }
-                return time_ms(c, work, min_time);
-            } catch (const std::exception &e) {
-                fmt::print(stderr, "{} failed: {}\n", autoscheduler, e.what());
-                return double(INFINITY);
+                const int status = pclose(pipe);
+                if (WIFEXITED(status) && WEXITSTATUS(status) == 124) {
+                    out = fmt::format("> {} s", limit_s);
+                }
             }
-        };
-        const auto tuned = tuned_params(tuned_path, target, bucket_for(d).name);
-        const double default_ms = run("", "");
-        const double tuned_ms = tuned ? run(isa_entry(isa, *tuned), "") : default_ms;
-        const double adams = run("", "Adams2019");
-        const double mullapudi = run("", "Mullapudi2016");
-        const double li = run("", "Li2018");
-        const double best_auto = std::min({adams, mullapudi, li});
-        log_speedup += std::log(default_ms / tuned_ms);
-        fmt::print("| {}, {}, {}, {}, {} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.2f} | {:.2f} |\n",
-                   d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads, default_ms, tuned_ms,
-                   adams, mullapudi, li, default_ms / tuned_ms, best_auto / tuned_ms);
+            while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) {
+                out.pop_back();
+            }
+            char *end = nullptr;
+            const double value = std::strtod(out.c_str(), &end);
+            const bool timed = !out.empty() && end && *end == '\0';
+            ms[which] = timed ? value : INFINITY;
+            cell[which] = timed ? fmt::format("{:.3f}", value) : (out.empty() ? "failed" : out);
+            fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, std::size(kSweep), which, cell[which]);
+        }
+        const double best_auto = std::min({ms["Adams2019"], ms["Mullapudi2016"], ms["Li2018"]});
+        log_speedup += std::log(ms["default"] / ms["tuned"]);
+        fmt::print("| {}, {}, {}, {}, {} | {} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n", d.batch,
+                   d.query_len, d.key_len, d.embed_dim, d.num_heads, cell["default"],
+                   cell["tuned"], cell["Adams2019"], cell["Mullapudi2016"], cell["Li2018"],
+                   ms["default"] / ms["tuned"], best_auto / ms["tuned"]);
         std::fflush(stdout);
     }
-    fmt::print("\ngeometric mean, tuned × default: {:.2f}\n",
+    fmt::print("\ngeometric mean over the sweep, tuned × default: {:.2f}\n",
                std::exp(log_speedup / std::size(kSweep)));
     return 0;
 }
@@ -427,6 +466,8 @@ int main(int argc, char **argv) {
     double budget_minutes = 15;
     uint64_t seed = 1;
     bool comparing = false;
+    int limit_s = 90;
+    std::optional<std::pair<size_t, std::string>> one;
     std::string command = "mha-tune";
     for (int a = 1; a < argc; a++) {
         command += std::string(" ") + argv[a];
@@ -451,10 +492,15 @@ int main(int argc, char **argv) {
         } else if (arg == "--compare") {
             comparing = true;
             tuned_path = value();
+        } else if (arg == "--limit-seconds") {
+            limit_s = std::stoi(value());
+        } else if (arg == "--measure") {
+            const size_t index = std::stoul(value());
+            one = std::pair{index, value()};
         } else {
             fmt::print(stderr,
                        "usage: mha-tune [--target T] [--budget-minutes M] [--seed S] --out FILE\n"
-                       "       mha-tune [--target T] --compare TUNED_FILE\n");
+                       "       mha-tune [--target T] [--limit-seconds S] --compare TUNED_FILE\n");
             return 2;
         }
     }
@@ -463,8 +509,12 @@ int main(int argc, char **argv) {
         Halide::load_plugin(MHA_ADAMS2019_PLUGIN);
         Halide::load_plugin(MHA_MULLAPUDI2016_PLUGIN);
         Halide::load_plugin(MHA_LI2018_PLUGIN);
+        if (one) {
+            return measure_one(target, tuned_path, one->first, one->second);
+        }
         if (comparing) {
-            return compare(target, tuned_path);
+            return compare(std::filesystem::read_symlink("/proc/self/exe").string(), target_string,
+                           tuned_path, limit_s);
         }
         if (out_path.empty()) {
             fmt::print(stderr, "mha-tune: --out FILE is required\n");

@@ -2,6 +2,8 @@
 # One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
 #   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
 #   scripts/dev.sh test                build and run every test through ctest
+#   scripts/dev.sh tune [mha-tune options]
+#                                      search CPU schedule parameters (see README, Tuning)
 #   scripts/dev.sh build               build everything (benchmarks too) and run nothing
 #   scripts/dev.sh bench [compare.py options]
 #                                      build and run the benchmark comparison against OpenBLAS
@@ -84,6 +86,16 @@ case "$command" in
         install_venv "$root/.venv-bench" "${bench_requirements[@]}"
         configure_and_build -DMHA_BUILD_BENCHMARKS=ON
         ;;
+    tune)  # the schedule tuner; defaults: AVX2 target, 13-minute budget, this machine's file
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build
+        if [ $# -eq 0 ]; then
+            set -- --target x86-64-linux-avx-avx2-f16c-fma-sse41 --budget-minutes 13 --seed 1 \
+                --out "$root/schedules/tuned/x86-64-linux-avx-avx2-f16c-fma-sse41.json"
+        fi
+        "$build/tuner/mha-tune" "$@"
+        ;;
     bench)
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
@@ -93,7 +105,7 @@ case "$command" in
             --out "$build/bench/comparison.md" "$@"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | bench [options] | build" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build" >&2
         exit 2
         ;;
 esac

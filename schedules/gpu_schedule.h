@@ -137,8 +137,9 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .unroll(cu);
     const LoopLevel key_tile(f.context.result, jo);
     const int threads_x = head_tile / sp.head_cols_per_thread;
-    // V is read from global memory (through the cache): staged in shared memory here as well,
-    // key tiles past the first came out wrong on OpenCL (PoCL), so it is not staged.
+    // V is read from global memory (through the cache). Staged in shared memory here as well,
+    // Halide packed the V tile and the softmax weights tile at the same offset of the block's
+    // shared allocation group, and key tiles past the first came out wrong (seen on PoCL).
 
     MaskedSoftmax &sm = f.softmax;
     const int rows = sp.attention_rows;

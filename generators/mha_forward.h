@@ -41,7 +41,8 @@ struct ForwardInputs {
     bool weights_are_output = false;
     // Separate copies of the scores for the row max and row sum (see ScoreSources).
     bool recompute_scores = false;
-    Halide::Expr embed_dim, num_heads, query_len, num_keys, batch;
+    // head_dim is a scalar input, not E / H, so that a schedule can specialize on its value.
+    Halide::Expr embed_dim, head_dim, query_len, num_keys, batch;
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
@@ -65,7 +66,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     using Halide::Func;
     ForwardStages f;
     const StageVars &v = f.v;
-    f.head_dim = in.embed_dim / in.num_heads;
+    f.head_dim = in.head_dim;
     f.query_len = in.query_len;
     f.num_keys = in.num_keys;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;

@@ -37,7 +37,7 @@ public:
     // Weights are Wᵀ panels (lane, in, panel) of padded output features (kernel_abi.h).
     Input<Buffer<float, 3>> out_weight{"out_weight"};
     Input<Buffer<float, 1>> out_bias{"out_bias"};  // (padded out)
-    Input<int> num_heads{"num_heads", 1};
+    Input<int> head_dim{"head_dim", 1};  // E / H
     // Separate projections: key, value (e, sk, b) and one Wᵀ and bias per projection.
     Input<Buffer<float, 3>> *key = nullptr, *value = nullptr;
     Input<Buffer<float, 3>> *q_weight = nullptr, *k_weight = nullptr, *v_weight = nullptr;
@@ -75,7 +75,7 @@ public:
     void generate() {
         mha::ForwardInputs in;
         in.embed_dim = query.dim(0).extent();
-        in.num_heads = num_heads;
+        in.head_dim = head_dim;
         in.query_len = query.dim(1).extent();
         in.batch = query.dim(2).extent();
         in.query = query;
@@ -137,7 +137,7 @@ private:
         const int H = est_heads;
         const int P = static_cast<int>(mha::padded_features(E, H));
         const int panel = mha::kWeightPanel;
-        num_heads.set_estimate(H);
+        head_dim.set_estimate(E / H);
         query.set_estimates({{0, E}, {0, Sq}, {0, B}});
         output.set_estimates({{0, E}, {0, Sq}, {0, B}});
         out_weight.set_estimates({{0, panel}, {0, E}, {0, P / panel}});

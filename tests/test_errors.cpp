@@ -173,7 +173,7 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     halide_buffer_t qb = buffer(p.query.data(), qd), kb = buffer(p.key.data(), kd);
     halide_buffer_t vb = buffer(p.value.data(), vd), wb = buffer(w.data(), wd);
     halide_buffer_t bb = buffer(b.data(), bd), ob = buffer(output.data(), od);
-    int heads = 3;
+    int head_dim = 4;
     testing::internal::CaptureStderr();
     expect_error(
         [&] {
@@ -182,7 +182,7 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
                                                {"q_weight", &wb}, {"k_weight", &wb},
                                                {"v_weight", &wb}, {"out_weight", &wb},
                                                {"q_bias", &bb}, {"k_bias", &bb}, {"v_bias", &bb},
-                                               {"out_bias", &bb}, {"num_heads", &heads},
+                                               {"out_bias", &bb}, {"head_dim", &head_dim},
                                                {"output", &ob}});
         },
         "Input buffer value is accessed at 6, which is beyond the max (5) in dimension 1");

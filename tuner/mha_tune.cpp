@@ -107,10 +107,10 @@ public:
                                          {int(d.embed_dim), int(d.key_len), int(d.batch)});
         Halide::Runtime::Buffer<float> out(output.data(),
                                            {int(d.embed_dim), int(d.query_len), int(d.batch)});
-        int32_t heads = static_cast<int32_t>(d.num_heads);
+        int32_t head_dim = static_cast<int32_t>(d.head_dim());
         std::map<std::string, const void *> named = {
             {"query", q.raw_buffer()}, {"key", k.raw_buffer()}, {"value", v.raw_buffer()},
-            {"num_heads", &heads}};
+            {"head_dim", &head_dim}};
         for (const auto &view : w.views) {
             named[view.name] = view.view->raw();
         }

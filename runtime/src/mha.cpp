@@ -213,12 +213,12 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
             on_device->output(weights_view->raw(), weights->device_handle);
         }
     }
-    int32_t heads = static_cast<int32_t>(H);
+    int32_t head_dim = static_cast<int32_t>(E / H);
     std::vector<detail::NamedArgument> named = {
         {"query", q.raw()},
         {"key", k.raw()},
         {"value", v.raw()},
-        {"num_heads", &heads},
+        {"head_dim", &head_dim},
         {"mask", mask_view ? mask_view->raw() : nullptr},
         {"weights", weights_view ? weights_view->raw() : nullptr},
         {"output", out.raw()}};

@@ -16,7 +16,6 @@
 namespace mha {
 namespace {
 
-using detail::BufferView;
 using detail::DenseView;
 using detail::ForwardKernel;
 using detail::MaskKind;

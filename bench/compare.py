@@ -23,10 +23,6 @@ STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
 
 
-def flops(B, Sq, Sk, E, H):
-    # 2 per multiply-add: four projections, Q·Kᵀ and weights·V (as in mha_bench.cpp).
-    return 2 * E * E * B * (2 * Sq + 2 * Sk) + 4 * B * Sq * Sk * E
-
 
 def cpu_model():
     with open("/proc/cpuinfo") as f:
@@ -100,7 +96,7 @@ def main():
     emit("|" + "---|" * 13)
     for (dims, w, t), r in sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2], kv[0])):
         ours = r["halide"]
-        gflops = flops(*dims) / (ours * 1e6)
+        gflops = report.flops(*dims) / (ours * 1e6)
         best_torch = min(r["nn.MultiheadAttention"], r["F.linear+sdpa"])
         emit(f"| {', '.join(map(str, dims))} | {'yes' if w else 'no'} | {t} | {ours:.3f} "
              f"| {gflops:.1f} | {100 * gflops / sgemm[t]:.0f}% | {r['blas']:.3f} "

@@ -74,11 +74,7 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
     const bool self = d.query_len == d.key_len;
     mha::reference::Problem p = mha::reference::random_problem(d, 7, self);
     const int64_t E = d.embed_dim;
-    mha::Linear lin[4];
-    for (int l = 0; l < 4; l++) {
-        lin[l] = {mha::Tensor{p.weight[l].data(), {E, E}}, mha::Tensor{p.bias[l].data(), {E}}};
-    }
-    const mha::MultiHeadAttention module(E, d.num_heads, lin[0], lin[1], lin[2], lin[3], device);
+    const mha::MultiHeadAttention module = mha::reference::make_module(p, device);
     std::vector<float> output(d.batch * d.query_len * E);
     DeviceTensor q(device, p.query, {d.batch, d.query_len, E});
     DeviceTensor k(device, p.key, {d.batch, d.key_len, E});

@@ -18,9 +18,6 @@ import torch
 import torch.nn.functional as F
 
 
-def flops(B, Sq, Sk, E, H):
-    return 2 * E * E * B * (2 * Sq + 2 * Sk) + 4 * B * Sq * Sk * E
-
 
 def torch_ms(dims):
     B, Sq, Sk, E, H = dims
@@ -79,7 +76,7 @@ def main():
     for r in ours:
         dims = tuple(r["dims"])
         t = torch_ms(dims)
-        tflops = flops(*dims) / (r["ms"] * 1e9)
+        tflops = report.flops(*dims) / (r["ms"] * 1e9)
         err = f"{r['rel_l2']:.1e}" if r["rel_l2"] >= 0 else "not checked"
         lines.append(f"| {', '.join(map(str, dims))} | {r['ms']:.3f} | {tflops:.2f} "
                      f"| {100 * tflops / args.peak_tflops:.1f}% | {err} | {t:.3f} "

@@ -1,4 +1,9 @@
-"""Printing a comparison table and keeping a copy of it."""
+"""What the comparison scripts share: the FLOP count and printing a table."""
+
+
+def flops(B, Sq, Sk, E, H):
+    # 2 per multiply-add: four projections, Q·Kᵀ and weights·V (as Dims::forward_flops in C++).
+    return 2 * E * E * B * (2 * Sq + 2 * Sk) + 4 * B * Sq * Sk * E
 
 
 def publish(lines, out_path=None):

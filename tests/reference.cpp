@@ -63,13 +63,33 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
     }
 }
 
-MultiHeadAttention make_module(const Problem &p, Device device) {
+std::array<Linear, 4> linears(const Problem &p) {
     const int64_t E = p.dims.embed_dim;
-    Linear lin[4];
+    std::array<Linear, 4> lin;
     for (int l = 0; l < 4; l++) {
         lin[l] = {Tensor{p.weight[l].data(), {E, E}}, Tensor{p.bias[l].data(), {E}}};
     }
-    return MultiHeadAttention(E, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3], device);
+    return lin;
+}
+
+MultiHeadAttention make_module(const Problem &p, Device device) {
+    const std::array<Linear, 4> lin = linears(p);
+    return MultiHeadAttention(p.dims.embed_dim, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3],
+                              device);
+}
+
+Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with_weights) {
+    const Dims &d = p.dims;
+    Outputs r;
+    r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
+    std::optional<MutableTensor> weights;
+    if (with_weights) {
+        r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
+        weights = MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    }
+    module.forward(query_view(p), key_view(p), value_view(p),
+                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}}, mask_view(p), weights);
+    return r;
 }
 
 Tensor query_view(const Problem &p) {

@@ -3,6 +3,7 @@
 // with PyTorch's layouts.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -43,11 +44,19 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
                      uint64_t seed);
 
 // The library's views of a problem's tensors.
+std::array<Linear, 4> linears(const Problem &p);  // q, k, v, out
 MultiHeadAttention make_module(const Problem &p, Device device = Device::cpu);
 Tensor query_view(const Problem &p);
 Tensor key_view(const Problem &p);
 Tensor value_view(const Problem &p);
 std::optional<Mask> mask_view(const Problem &p);
+
+// What `module` computes for `p`: output [B, Sq, E] and, when requested, weights [B, H, Sq, Sk]
+// (empty otherwise); buffers start as NaN so that anything left unwritten shows.
+struct Outputs {
+    std::vector<float> output, weights;
+};
+Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with_weights);
 
 // --- The stages, in double precision. ---
 // y[r, o] = b[o] + sum_i x[r, i] * w[o, i]  over rows r of x [rows, E].

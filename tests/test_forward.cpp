@@ -17,27 +17,11 @@ constexpr double kTolerance = 1e-5;  // relative L2, f32 against f64
 
 uint64_t fresh_seed() { return std::random_device{}(); }
 
-struct ForwardResult {
-    std::vector<float> output, weights;
-};
+using ForwardResult = mha::reference::Outputs;
 
 // Runs the library's forward pass on `p`, with or without the weights.
 ForwardResult run_forward(const Problem &p, bool with_weights) {
-    const Dims &d = p.dims;
-    const auto module = mha::reference::make_module(p);
-    ForwardResult r;
-    r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
-    std::optional<mha::MutableTensor> weights;
-    if (with_weights) {
-        r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
-        weights = mha::MutableTensor{r.weights.data(),
-                                     {d.batch, d.num_heads, d.query_len, d.key_len}};
-    }
-    module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                   mha::reference::value_view(p),
-                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
-                   mha::reference::mask_view(p), weights);
-    return r;
+    return mha::reference::run_module(mha::reference::make_module(p), p, with_weights);
 }
 
 void expect_matches_reference(const Problem &p, bool with_weights) {

@@ -22,29 +22,7 @@ constexpr double kTolerance = 1e-5;
 
 uint64_t fresh_seed() { return std::random_device{}(); }
 
-mha::MultiHeadAttention make_module_on(const Problem &p, Device device) {
-    return mha::reference::make_module(p, device);
-}
-
-struct Result {
-    std::vector<float> output, weights;
-};
-
-Result run_on(const mha::MultiHeadAttention &module, const Problem &p, bool with_weights) {
-    const Dims &d = p.dims;
-    Result r;
-    r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
-    std::optional<mha::MutableTensor> weights;
-    if (with_weights) {
-        r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
-        weights = mha::MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
-    }
-    module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                   mha::reference::value_view(p),
-                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
-                   mha::reference::mask_view(p), weights);
-    return r;
-}
+using Result = mha::reference::Outputs;
 
 void expect_matches_reference(const Problem &p, const Result &got, bool with_weights) {
     const auto want = mha::reference::forward(p);
@@ -60,7 +38,7 @@ class OpenCl : public ::testing::Test {
 protected:
     void SetUp() override {
         try {
-            make_module_on(mha::reference::random_problem({1, 2, 2, 4, 1}, 1), Device::opencl);
+            mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 4, 1}, 1), Device::opencl);
         } catch (const mha::Error &e) {
             if (std::getenv("CI") != nullptr) {
                 FAIL() << "OpenCL is required in CI: " << e.what();
@@ -95,8 +73,8 @@ TEST_P(OpenClCases, MatchesReference) {
         mha::reference::add_random_mask(p, *c.mask, {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
                                         fresh_seed());
     }
-    const auto module = make_module_on(p, Device::opencl);
-    expect_matches_reference(p, run_on(module, p, c.with_weights), c.with_weights);
+    const auto module = mha::reference::make_module(p, Device::opencl);
+    expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
 }
 
 INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
@@ -109,7 +87,7 @@ TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
     for (int64_t j = 0; j < d.key_len; j++) {
         p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
     }
-    const Result got = run_on(make_module_on(p, Device::opencl), p, true);
+    const Result got = mha::reference::run_module(mha::reference::make_module(p, Device::opencl), p, true);
     for (int64_t h = 0; h < d.num_heads; h++) {
         for (int64_t j = 0; j < d.key_len; j++) {
             EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len, 1e-6);
@@ -124,8 +102,8 @@ TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
 TEST_F(OpenCl, HostInputsRewrittenInPlaceAreCopiedAgain) {
     const Dims d{2, 6, 6, 12, 3};
     Problem p = mha::reference::random_problem(d, fresh_seed());
-    const auto module = make_module_on(p, Device::opencl);
-    expect_matches_reference(p, run_on(module, p, true), true);
+    const auto module = mha::reference::make_module(p, Device::opencl);
+    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
     std::mt19937 rng(fresh_seed());
     std::uniform_real_distribution<float> u(-1, 1);
     for (auto *tensor : {&p.query, &p.key, &p.value}) {
@@ -133,7 +111,7 @@ TEST_F(OpenCl, HostInputsRewrittenInPlaceAreCopiedAgain) {
             x = u(rng);  // same vectors, same addresses, new values
         }
     }
-    expect_matches_reference(p, run_on(module, p, true), true);
+    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
 }
 
 // A Halide-managed OpenCL buffer: a cl_mem as a user would hold one.
@@ -164,7 +142,7 @@ struct DeviceTensor {
 TEST_F(OpenCl, DeviceResidentTensorsAreUsedInPlace) {
     const Dims d{2, 5, 9, 16, 4};
     const Problem p = mha::reference::random_problem(d, fresh_seed());
-    const auto module = make_module_on(p, Device::opencl);
+    const auto module = mha::reference::make_module(p, Device::opencl);
     std::vector<float> query = p.query, key = p.key, value = p.value;
     std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
     std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
@@ -196,7 +174,7 @@ TEST(Cuda, WithoutADriverConstructionFailsClearly) {
     }
     const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
     try {
-        make_module_on(p, Device::cuda);
+        mha::reference::make_module(p, Device::cuda);
         FAIL() << "no error without a CUDA driver";
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "no CUDA driver found: libcuda.so could not be loaded");
@@ -209,8 +187,8 @@ TEST(Cuda, MatchesReference) {
     }
     for (const GpuCase &c : kGpuCases) {
         Problem p = mha::reference::random_problem(c.dims, fresh_seed(), c.self_attention);
-        const auto module = make_module_on(p, Device::cuda);
-        expect_matches_reference(p, run_on(module, p, c.with_weights), c.with_weights);
+        const auto module = mha::reference::make_module(p, Device::cuda);
+        expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
     }
 }
 

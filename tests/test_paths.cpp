@@ -19,16 +19,9 @@ using mha::reference::Problem;
 
 void run(const Problem &p, bool with_weights, std::vector<float> &output,
          std::vector<float> &weights) {
-    const Dims &d = p.dims;
-    output.assign(d.batch * d.query_len * d.embed_dim, NAN);
-    std::optional<mha::MutableTensor> w;
-    if (with_weights) {
-        weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
-        w = mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
-    }
-    mha::reference::make_module(p).forward(
-        mha::reference::query_view(p), mha::reference::key_view(p), mha::reference::value_view(p),
-        {output.data(), {d.batch, d.query_len, d.embed_dim}}, mha::reference::mask_view(p), w);
+    auto r = mha::reference::run_module(mha::reference::make_module(p), p, with_weights);
+    output = std::move(r.output);
+    weights = std::move(r.weights);
 }
 
 // The best ISA this CPU offers among the compiled targets, found without Halide.

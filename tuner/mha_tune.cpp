@@ -140,14 +140,9 @@ struct Workload {
     explicit Workload(const Dims &d, uint64_t seed)
         : problem(mha::reference::random_problem(d, seed, d.query_len == d.key_len)),
           output(d.batch * d.query_len * d.embed_dim) {
-        const int64_t E = d.embed_dim;
-        mha::Linear lin[4];
-        for (int l = 0; l < 4; l++) {
-            lin[l] = {mha::Tensor{problem.weight[l].data(), {E, E}},
-                      mha::Tensor{problem.bias[l].data(), {E}}};
-        }
+        const std::array<mha::Linear, 4> lin = mha::reference::linears(problem);
         const mha::Linear *linears[4] = {&lin[0], &lin[1], &lin[2], &lin[3]};
-        weights = std::make_unique<mha::detail::PackedWeights>(E, d.num_heads, linears,
+        weights = std::make_unique<mha::detail::PackedWeights>(d.embed_dim, d.num_heads, linears,
                                                                mha::Device::cpu);
     }
 };

@@ -27,15 +27,21 @@ std::string shape_string(const std::vector<int64_t> &shape) {
     return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+// A tensor needs host data or, on a GPU module, a device handle.
+template <typename T>
+void check_data(const char *name, const TensorView<T> &t) {
+    if (t.data == nullptr && t.device_handle == 0) {
+        throw Error(fmt::format("{} has a null data pointer", name));
+    }
+}
+
 template <typename T>
 void check_tensor(const char *name, const TensorView<T> &t, const std::vector<int64_t> &expected) {
     if (t.shape != expected) {
         throw Error(fmt::format("{} has shape {} but must be {}", name, shape_string(t.shape),
                                 shape_string(expected)));
     }
-    if (t.data == nullptr && t.device_handle == 0) {
-        throw Error(fmt::format("{} has a null data pointer", name));
-    }
+    check_data(name, t);
 }
 
 // Checks rank, positive extents, a data pointer and the kernel's addressing limit.
@@ -61,9 +67,7 @@ void check_view(const char *name, const TensorView<T> &t, size_t rank, const cha
         throw Error(fmt::format("{} has shape {}: more than the {} bytes a kernel addresses", name,
                                 shape_string(t.shape), kMaxBufferBytes));
     }
-    if (t.data == nullptr && t.device_handle == 0) {
-        throw Error(fmt::format("{} has a null data pointer", name));
-    }
+    check_data(name, t);
 }
 
 void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
@@ -84,9 +88,7 @@ void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
                 full[offset + d]));
         }
     }
-    if (mask.values.data == nullptr && mask.values.device_handle == 0) {
-        throw Error("mask has a null data pointer");
-    }
+    check_data("mask", mask.values);
 }
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};

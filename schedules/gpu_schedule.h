@@ -6,8 +6,8 @@
 // reduction.
 // Attention: a block owns (query tile, head, batch). Its query rows are staged in shared memory
 // once; the row max and sum are reduced on the device (one thread per row, scores recomputed);
-// then key tiles are swept: the K tile and the tile's softmax weights live in shared memory
-// while every thread accumulates its slice of weights·V in registers (V through the cache).
+// then key tiles are swept: the K tile, the V tile and the tile's softmax weights live in shared
+// memory while every thread accumulates its slice of weights·V in registers.
 // Without the weights requested, no [B, H, Sq, Sk] tensor exists in global memory.
 #pragma once
 
@@ -25,7 +25,10 @@ struct ScheduleParams {
     int proj_thread_rows = 4;
     int proj_k_step = 16;     // reduction slice staged in shared memory
     int attention_rows = 16;  // query rows per block
-    int key_step = 32;        // keys per shared-memory tile
+    // Keys per shared-memory tile: as many as the block has threads in x (kMaxTile /
+    // head_cols_per_thread), so that every stage of the attention block uses the whole block.
+    // With 32 (a block wider than the V staging's threads) key tiles came out wrong on PoCL.
+    int key_step = 16;
     int head_cols_per_thread = 4;
 };
 
@@ -137,9 +140,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .unroll(cu);
     const LoopLevel key_tile(f.context.result, jo);
     const int threads_x = head_tile / sp.head_cols_per_thread;
-    // V is read from global memory (through the cache). Staged in shared memory here as well,
-    // Halide packed the V tile and the softmax weights tile at the same offset of the block's
-    // shared allocation group, and key tiles past the first came out wrong (seen on PoCL).
+    stage_in_shared(f.v_heads, f.context.result, key_tile, threads_x, sp.attention_rows);
 
     MaskedSoftmax &sm = f.softmax;
     const int rows = sp.attention_rows;

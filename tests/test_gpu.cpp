@@ -62,6 +62,7 @@ const GpuCase kGpuCases[] = {
     {"head_dim_96_weights", {1, 33, 20, 96, 1}, false, true, std::nullopt},
     {"many_query_and_key_tiles", {2, 40, 100, 24, 2}, false, false, std::nullopt},
     {"self_fused_several_tiles", {1, 64, 64, 32, 2}, true, false, MaskConvention::block},
+    {"head_dim_64_partial_key_tile", {1, 20, 23, 64, 1}, false, false, std::nullopt},
 };
 
 class OpenClCases : public OpenCl, public ::testing::WithParamInterface<GpuCase> {};

@@ -403,49 +403,77 @@ int measure_one(const Halide::Target &target, const std::string &tuned_path, siz
 }
 
 // Every measurement in a child process of its own, so that one autoscheduler's long search or
-// compile is cut off at `limit_s` without stopping the comparison.
+// compile is cut off at `limit_s` without stopping the comparison. The default and tuned
+// schedules are timed `rounds` times, interleaved, and reported by their medians, so that the
+// ratio between them is not one run's noise.
 int compare(const std::string &self, const std::string &target_string,
-            const std::string &tuned_path, int limit_s) {
-    const char *schedulers[] = {"default", "tuned", "Adams2019", "Mullapudi2016", "Li2018"};
+            const std::string &tuned_path, int limit_s, int rounds) {
+    const char *autoschedulers[] = {"Adams2019", "Mullapudi2016", "Li2018"};
     fmt::print("| shape (B, Sq, Sk, E, H) | default ms | tuned ms | Adams2019 ms | "
                "Mullapudi2016 ms | Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
     fmt::print("|---|---|---|---|---|---|---|---|\n");
+    // Milliseconds, or why there are none ("failed", "wrong", "> N s").
+    const auto measure = [&](size_t i, const std::string &which) -> std::pair<double, std::string> {
+        const std::string cmd =
+            fmt::format("timeout {} '{}' --target {} --measure {} {} --compare '{}' 2>/dev/null",
+                        limit_s, self, target_string, i, which, tuned_path);
+        std::string out;
+        if (FILE *pipe = popen(cmd.c_str(), "r")) {
+            char buf[128];
+            while (fgets(buf, sizeof buf, pipe)) {
+                out += buf;
+            }
+            const int status = pclose(pipe);
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 124) {
+                out = fmt::format("> {} s", limit_s);
+            }
+        }
+        while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) {
+            out.pop_back();
+        }
+        char *end = nullptr;
+        const double value = std::strtod(out.c_str(), &end);
+        if (!out.empty() && end && *end == '\0') {
+            return {value, fmt::format("{:.3f}", value)};
+        }
+        return {INFINITY, out.empty() ? "failed" : out};
+    };
     double log_speedup = 0;
     for (size_t i = 0; i < std::size(kSweep); i++) {
         const Dims &d = kSweep[i];
-        std::map<std::string, double> ms;
-        std::map<std::string, std::string> cell;
-        for (const char *which : schedulers) {
-            const std::string cmd =
-                fmt::format("timeout {} '{}' --target {} --measure {} {} --compare '{}' 2>/dev/null",
-                            limit_s, self, target_string, i, which, tuned_path);
-            std::string out;
-            if (FILE *pipe = popen(cmd.c_str(), "r")) {
-                char buf[128];
-                while (fgets(buf, sizeof buf, pipe)) {
-                    out += buf;
-                }
-                const int status = pclose(pipe);
-                if (WIFEXITED(status) && WEXITSTATUS(status) == 124) {
-                    out = fmt::format("> {} s", limit_s);
-                }
+        std::map<std::string, std::pair<double, std::string>> result;
+        std::map<std::string, std::vector<double>> samples;
+        for (int round = 0; round < rounds; round++) {
+            for (const char *which : {"default", "tuned"}) {
+                const auto [ms, cell] = measure(i, which);
+                samples[which].push_back(ms);
+                result[which] = {ms, cell};
+                fmt::print(stderr, "shape {}/{} {} round {}/{}: {}\n", i + 1, std::size(kSweep),
+                           which, round + 1, rounds, cell);
             }
-            while (!out.empty() && std::isspace(static_cast<unsigned char>(out.back()))) {
-                out.pop_back();
-            }
-            char *end = nullptr;
-            const double value = std::strtod(out.c_str(), &end);
-            const bool timed = !out.empty() && end && *end == '\0';
-            ms[which] = timed ? value : INFINITY;
-            cell[which] = timed ? fmt::format("{:.3f}", value) : (out.empty() ? "failed" : out);
-            fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, std::size(kSweep), which, cell[which]);
         }
-        const double best_auto = std::min({ms["Adams2019"], ms["Mullapudi2016"], ms["Li2018"]});
-        log_speedup += std::log(ms["default"] / ms["tuned"]);
+        for (const char *which : {"default", "tuned"}) {
+            std::vector<double> &v = samples[which];
+            std::sort(v.begin(), v.end());
+            const double median = v[v.size() / 2];
+            if (std::isfinite(median)) {
+                result[which] = {median, fmt::format("{:.3f}", median)};
+            }
+        }
+        for (const char *which : autoschedulers) {
+            result[which] = measure(i, which);
+            fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, std::size(kSweep), which,
+                       result[which].second);
+        }
+        const double tuned = result["tuned"].first;
+        const double best_auto = std::min({result["Adams2019"].first,
+                                           result["Mullapudi2016"].first, result["Li2018"].first});
+        log_speedup += std::log(result["default"].first / tuned);
         fmt::print("| {}, {}, {}, {}, {} | {} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n", d.batch,
-                   d.query_len, d.key_len, d.embed_dim, d.num_heads, cell["default"],
-                   cell["tuned"], cell["Adams2019"], cell["Mullapudi2016"], cell["Li2018"],
-                   ms["default"] / ms["tuned"], best_auto / ms["tuned"]);
+                   d.query_len, d.key_len, d.embed_dim, d.num_heads, result["default"].second,
+                   result["tuned"].second, result["Adams2019"].second,
+                   result["Mullapudi2016"].second, result["Li2018"].second,
+                   result["default"].first / tuned, best_auto / tuned);
         std::fflush(stdout);
     }
     fmt::print("\ngeometric mean over the sweep, tuned × default: {:.2f}\n",
@@ -462,6 +490,7 @@ int main(int argc, char **argv) {
     uint64_t seed = 1;
     bool comparing = false;
     int limit_s = 90;
+    int rounds = 3;
     std::optional<std::pair<size_t, std::string>> one;
     std::string command = "mha-tune";
     for (int a = 1; a < argc; a++) {
@@ -489,13 +518,15 @@ int main(int argc, char **argv) {
             tuned_path = value();
         } else if (arg == "--limit-seconds") {
             limit_s = std::stoi(value());
+        } else if (arg == "--rounds") {
+            rounds = std::max(1, std::stoi(value()));
         } else if (arg == "--measure") {
             const size_t index = std::stoul(value());
             one = std::pair{index, value()};
         } else {
             fmt::print(stderr,
                        "usage: mha-tune [--target T] [--budget-minutes M] [--seed S] --out FILE\n"
-                       "       mha-tune [--target T] [--limit-seconds S] --compare TUNED_FILE\n");
+                       "       mha-tune [--target T] [--limit-seconds S] [--rounds N] --compare TUNED_FILE\n");
             return 2;
         }
     }
@@ -509,7 +540,7 @@ int main(int argc, char **argv) {
         }
         if (comparing) {
             return compare(std::filesystem::read_symlink("/proc/self/exe").string(), target_string,
-                           tuned_path, limit_s);
+                           tuned_path, limit_s, rounds);
         }
         if (out_path.empty()) {
             fmt::print(stderr, "mha-tune: --out FILE is required\n");

@@ -206,11 +206,17 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     for (Projection &p : f.input_projections) {
         schedule_projection(v, p, sp);
     }
-    // The output projection reads the merged heads at feature k = h·d + c: with d known, the
-    // k / d and k % d of every step of its reduction become shifts and masks.
-    Func out_tiles = schedule_projection(v, f.out_proj, sp);
+    // The output projection reads the merged heads as plain token rows, copied once: read in
+    // its reduction through the head split (k / d, k % d), every step of the register tile
+    // needs its own index arithmetic and the tile spills.
+    schedule_projection(v, f.out_proj, sp);
+    Var ro_copy("ro_copy"), ri_copy("ri_copy");
+    f.out_proj.rows.compute_root()
+        .split(v.r, ro_copy, ri_copy, sp.proj_rows, whole)
+        .parallel(ro_copy)
+        .vectorize(v.e, vec, TailStrategy::GuardWithIf);
     for (int head_dim : {64, 128}) {
-        out_tiles.specialize(f.head_dim == head_dim);
+        f.out_proj.rows.specialize(f.head_dim == head_dim);
     }
 
     // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.

@@ -214,7 +214,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     f.out_proj.rows.compute_root()
         .split(v.r, ro_copy, ri_copy, sp.proj_rows, whole)
         .parallel(ro_copy)
-        .vectorize(v.e, vec, TailStrategy::GuardWithIf);
+        .vectorize(v.e, vec, guard);
+    // With d known, each vector of the copy is a dense load from one head.
     for (int head_dim : {64, 128}) {
         f.out_proj.rows.specialize(f.head_dim == head_dim);
     }

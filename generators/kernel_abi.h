@@ -26,7 +26,8 @@ inline constexpr int64_t padded_features(int64_t embed_dim, int64_t num_heads) {
     return round_up(embed_dim - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
 }
 
-// CPU kernels are built (and tuned) per shape bucket of token rows B·Sq; GPU kernels serve any.
+// CPU kernels are built (and tuned) per shape bucket of the token rows of the largest projection,
+// B·max(Sq, Sk) (a single query against a long context is a large GEMM); GPU kernels serve any.
 // Keep in step with MHA_SHAPE_BUCKETS in cmake/TunedSchedules.cmake.
 enum class ShapeBucket { small, medium, large, any };
 inline constexpr int64_t kSmallBucketRows = 64, kMediumBucketRows = 1024;

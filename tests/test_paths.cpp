@@ -1,5 +1,5 @@
-// Which code ran: the ISA Halide's dispatch chose, the fused QKV kernels for self-attention, and
-// the fused attention core that never allocates a [B, H, Sq, Sk] tensor.
+// Which code ran: the ISA Halide's dispatch chose, the fused QKV kernels for self-attention, the
+// shape bucket, and the fused attention core that never allocates a [B, H, Sq, Sk] tensor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -75,6 +75,24 @@ TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
     }
 }
 
+// The CPU kernels are tuned per bucket of the largest projection's token rows, B·max(Sq, Sk):
+// one query against a long context is a large K/V GEMM, not a small one.
+TEST(ShapeBuckets, ChosenByTheLargestProjection) {
+    const std::pair<Dims, const char *> cases[] = {{Dims{2, 5, 5, 16, 2}, "_small_"},
+                                                   {Dims{1, 1, 64, 16, 2}, "_small_"},
+                                                   {Dims{1, 1, 65, 16, 2}, "_medium_"},
+                                                   {Dims{3, 300, 7, 16, 2}, "_medium_"},
+                                                   {Dims{1, 1, 1025, 16, 2}, "_large_"}};
+    for (const auto &[d, bucket] : cases) {
+        const Problem p = mha::reference::random_problem(d, std::random_device{}());
+        std::vector<float> out, w;
+        run(p, false, out, w);
+        EXPECT_NE(std::string(mha::detail::last_kernel_name()).find(bucket), std::string::npos)
+            << mha::detail::last_kernel_name();
+        EXPECT_LT(mha::reference::relative_l2(out, mha::reference::forward(p).output), 1e-5);
+    }
+}
+
 // Halide's heap allocations during one call, through its custom allocator hooks.
 struct AllocationLog {
     static inline std::atomic<size_t> count{0}, largest{0};
@@ -94,7 +112,7 @@ TEST(FusedAttention, NoScoresTensorAndAllocationsIndependentOfLength) {
     halide_malloc_t old_malloc = halide_set_custom_malloc(&AllocationLog::allocate);
     halide_free_t old_free = halide_set_custom_free(&AllocationLog::release);
     std::vector<size_t> counts;
-    // Lengths of one shape bucket (B·Sq in 65..1024), so that one kernel serves them all.
+    // Lengths of one shape bucket (B·max(Sq, Sk) in 65..1024), so that one kernel serves them all.
     for (const int64_t S : {128, 512, 1024}) {
         const Dims d{1, S, S, 64, 2};
         const Problem p = mha::reference::random_problem(d, std::random_device{}());

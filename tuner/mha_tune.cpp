@@ -41,7 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Bucket {
     const char *name;
-    int64_t max_rows;  // token rows B·Sq up to which a call uses this bucket's kernels
+    int64_t max_rows;  // token rows B·max(Sq, Sk) up to which a call uses this bucket's kernels
     Dims shape;        // what it is tuned on
 };
 // Keep in step with kShapeBuckets in runtime/src/kernel_table.h.
@@ -56,7 +56,7 @@ const Dims kSweep[] = {{2, 5, 5, 512, 8},          {1, 128, 128, 512, 8},
 
 const Bucket &bucket_for(const Dims &d) {
     for (const Bucket &b : kBuckets) {
-        if (d.batch * d.query_len <= b.max_rows) {
+        if (d.batch * std::max(d.query_len, d.key_len) <= b.max_rows) {
             return b;
         }
     }

@@ -23,7 +23,8 @@ struct ForwardKernel {
     const halide_filter_metadata_t *(*metadata)();
 };
 
-// The kernel for a call with `token_rows` = B·Sq; null when the build has no such variant.
+// The kernel for a call whose largest projection has `token_rows` = B·max(Sq, Sk); null when
+// the build has no such variant.
 const ForwardKernel *find_forward_kernel(Device device, int64_t token_rows, MaskKind mask_kind,
                                          bool returns_weights, bool fused_qkv);
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "HalideRuntime.h"
@@ -180,7 +181,7 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
                        query.device_handle == value.device_handle && query.shape == key.shape &&
                        query.shape == value.shape;
     const ForwardKernel *kernel =
-        detail::find_forward_kernel(device_, B * Sq, mask_kind, weights.has_value(), fused);
+        detail::find_forward_kernel(device_, B * std::max(Sq, Sk), mask_kind, weights.has_value(), fused);
     if (kernel == nullptr) {
         throw Error(fmt::format("this build has no {} kernels (see MHA_GPU_KERNELS)",
                                 detail::device_name(device_)));

@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <iostream>
 #include <random>
 
 #include "HalideRuntime.h"
 #include "kernel_table.h"
 #include "reference.h"
+#include "scratch_pool.h"
 
 namespace {
 
@@ -134,6 +136,38 @@ TEST(FusedAttention, NoScoresTensorAndAllocationsIndependentOfLength) {
                   *std::min_element(counts.begin(), counts.end()),
               0u)
         << "allocations per call: " << counts[0] << ", " << counts[1] << ", " << counts[2];
+}
+
+// The kernels' intermediate buffers are reused across calls instead of going back to the system.
+TEST(ScratchPool, FreedBlocksAreReusedAligned) {
+    using mha::detail::scratch_allocate;
+    using mha::detail::scratch_release;
+    // A size no kernel of these tests allocates, so that no other free block fits it.
+    const size_t bytes = 7777777;
+    void *first = scratch_allocate(nullptr, bytes);
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 128, 0u);
+    scratch_release(nullptr, first);
+    void *again = scratch_allocate(nullptr, bytes);
+    EXPECT_EQ(again, first);
+    // A block more than twice the request is not handed out for it.
+    void *small = scratch_allocate(nullptr, bytes / 4);
+    EXPECT_NE(small, first);
+    scratch_release(nullptr, again);
+    scratch_release(nullptr, small);
+    EXPECT_LE(mha::detail::scratch_cached_bytes(), mha::detail::kMaxCachedBytes);
+}
+
+TEST(ScratchPool, RepeatedCallsAllocateNothingNew) {
+    const Problem p = mha::reference::random_problem({2, 37, 37, 64, 2}, std::random_device{}(), true);
+    std::vector<float> out, w;
+    run(p, false, out, w);
+    const size_t after_first = mha::detail::scratch_cached_bytes();
+    EXPECT_GT(after_first, 0u);
+    run(p, false, out, w);
+    // Every block the second call needed came from the pool and went back to it.
+    EXPECT_EQ(mha::detail::scratch_cached_bytes(), after_first);
+    EXPECT_LT(mha::reference::relative_l2(out, mha::reference::forward(p).output), 1e-5);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "kernel_table.h"
 #include "mha/mha.h"
+#include "scratch_pool.h"
 
 namespace mha::detail {
 namespace {
@@ -70,6 +71,8 @@ void install_runtime_hooks() {
     std::call_once(once, [] {
         halide_set_error_handler(&route_halide_error);
         halide_set_custom_can_use_target_features(&observe_dispatch);
+        halide_set_custom_malloc(&scratch_allocate);
+        halide_set_custom_free(&scratch_release);
     });
 }
 

@@ -1,0 +1,75 @@
+#include "scratch_pool.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+namespace mha::detail {
+namespace {
+
+// Halide's vector loads need at least its own malloc's alignment; 128 covers every target.
+constexpr size_t kAlignment = 128;
+
+struct Pool {
+    std::mutex mutex;
+    std::multimap<size_t, void *> free_blocks;  // by size
+    std::unordered_map<void *, size_t> sizes;   // every block the pool allocated
+    size_t cached = 0;
+};
+
+// Never destroyed: Halide may free a buffer after static destructors have run.
+Pool &pool() {
+    static Pool *const p = new Pool;
+    return *p;
+}
+
+}  // namespace
+
+void *scratch_allocate(void *, size_t bytes) {
+    const size_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment + kAlignment * (bytes == 0);
+    Pool &p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    // The smallest free block that fits, unless it would waste more than the request.
+    const auto fit = p.free_blocks.lower_bound(size);
+    if (fit != p.free_blocks.end() && fit->first <= 2 * size) {
+        void *block = fit->second;
+        p.cached -= fit->first;
+        p.free_blocks.erase(fit);
+        return block;
+    }
+    void *block = std::aligned_alloc(kAlignment, size);
+    if (block != nullptr) {
+        p.sizes.emplace(block, size);
+    }
+    return block;
+}
+
+void scratch_release(void *, void *block) {
+    if (block == nullptr) {
+        return;
+    }
+    Pool &p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    const auto known = p.sizes.find(block);
+    if (known == p.sizes.end()) {
+        std::free(block);
+        return;
+    }
+    const size_t size = known->second;
+    if (p.cached + size > kMaxCachedBytes) {
+        p.sizes.erase(known);
+        std::free(block);
+        return;
+    }
+    p.free_blocks.emplace(size, block);
+    p.cached += size;
+}
+
+size_t scratch_cached_bytes() {
+    Pool &p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    return p.cached;
+}
+
+}  // namespace mha::detail

@@ -1,0 +1,20 @@
+// Halide's allocator hooks for the kernels' intermediate buffers, which Halide allocates and frees
+// on every call. Returned straight to the C library, the larger ones go back to the operating
+// system at the end of each call and are faulted in again by the next (with TLB shootdowns
+// across the thread pool): on small calls that costs more than the arithmetic. The pool keeps
+// freed blocks for later calls, up to kMaxCachedBytes.
+#pragma once
+
+#include <cstddef>
+
+namespace mha::detail {
+
+inline constexpr size_t kMaxCachedBytes = size_t(256) << 20;
+
+void *scratch_allocate(void *user_context, size_t bytes);
+void scratch_release(void *user_context, void *block);
+
+// Bytes held for reuse now, for tests.
+size_t scratch_cached_bytes();
+
+}  // namespace mha::detail

@@ -157,6 +157,20 @@ double time_ms(const Candidate &c, Workload &w, double min_time) {
                      .wall_time;
 }
 
+// How long Halide's harness times a shape: longer for the large ones, whose runs are few.
+double min_time_for(const Dims &d) { return d.forward_flops() > 5e9 ? 0.4 : 0.15; }
+
+// The median of a few timings (the middle one after sorting).
+double median(std::vector<double> ms) {
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+bool same_shape(const Dims &a, const Dims &b) {
+    return a.batch == b.batch && a.query_len == b.query_len && a.key_len == b.key_len &&
+           a.embed_dim == b.embed_dim && a.num_heads == b.num_heads;
+}
+
 // Relative L2 error on a small awkward shape with the bucket's embedding.
 double check_error(const Candidate &c, const Dims &bucket_shape, bool fused) {
     Dims d{2, 7, fused ? 7 : 11, bucket_shape.embed_dim, bucket_shape.num_heads};
@@ -259,7 +273,7 @@ int tune(const Halide::Target &target, double budget_minutes, uint64_t seed,
         const auto bucket_deadline =
             Clock::now() + (deadline - Clock::now()) / int(std::size(kBuckets) - b);
         Workload work(bucket.shape, seed);
-        const double min_time = bucket.shape.forward_flops() > 5e9 ? 0.4 : 0.15;
+        const double min_time = min_time_for(bucket.shape);
         std::vector<Tried> tried;
         const auto evaluate = [&](const ScheduleParams &p) {
             Tried t{p, INFINITY, ""};
@@ -316,26 +330,23 @@ int tune(const Halide::Target &target, double budget_minutes, uint64_t seed,
                     continue;
                 }
                 Workload shape_work(d, seed);
-                const double shape_min_time = d.forward_flops() > 5e9 ? 0.4 : 0.15;
                 Candidate def(target, d, isa_entry(isa, defaults));
                 Candidate win(target, d, isa_entry(isa, best.params));
-                std::vector<double> d_ms, w_ms;
+                std::vector<double> d_samples, w_samples;
                 for (int round = 0; round < 3; round++) {
-                    d_ms.push_back(time_ms(def, shape_work, shape_min_time));
-                    w_ms.push_back(time_ms(win, shape_work, shape_min_time));
+                    d_samples.push_back(time_ms(def, shape_work, min_time_for(d)));
+                    w_samples.push_back(time_ms(win, shape_work, min_time_for(d)));
                 }
-                std::sort(d_ms.begin(), d_ms.end());
-                std::sort(w_ms.begin(), w_ms.end());
-                if (d.batch == bucket.shape.batch && d.query_len == bucket.shape.query_len &&
-                    d.key_len == bucket.shape.key_len && d.embed_dim == bucket.shape.embed_dim) {
-                    verified_default = d_ms[1];
-                    verified_best = w_ms[1];
+                const double d_ms = median(d_samples), w_ms = median(w_samples);
+                if (same_shape(d, bucket.shape)) {
+                    verified_default = d_ms;
+                    verified_best = w_ms;
                 }
-                log_gain += std::log(d_ms[1] / w_ms[1]);
+                log_gain += std::log(d_ms / w_ms);
                 shapes++;
                 fmt::print(stderr, "[{}] verifying on ({}, {}, {}, {}, {}): default {:.3f} ms, "
                            "tuned {:.3f} ms\n", bucket.name, d.batch, d.query_len, d.key_len,
-                           d.embed_dim, d.num_heads, d_ms[1], w_ms[1]);
+                           d.embed_dim, d.num_heads, d_ms, w_ms);
             }
             verified_gain = std::exp(log_gain / shapes);
             if (verified_gain < 1.02) {
@@ -406,7 +417,6 @@ int measure_one(const Halide::Target &target, const std::string &tuned_path, siz
                 const std::string &which) {
     const Dims &d = kSweep[index];
     Workload work(d, 5);
-    const double min_time = d.forward_flops() > 5e9 ? 0.4 : 0.15;
     std::string schedule, autoscheduler;
     if (which == "tuned") {
         if (auto tuned = tuned_params(tuned_path, target, bucket_for(d).name)) {
@@ -421,7 +431,7 @@ int measure_one(const Halide::Target &target, const std::string &tuned_path, siz
         fmt::print("wrong\n");
         return 0;
     }
-    fmt::print("{:.4f}\n", time_ms(c, work, min_time));
+    fmt::print("{:.4f}\n", time_ms(c, work, min_time_for(d)));
     return 0;
 }
 
@@ -476,11 +486,9 @@ int compare(const std::string &self, const std::string &target_string,
             }
         }
         for (const char *which : {"default", "tuned"}) {
-            std::vector<double> &v = samples[which];
-            std::sort(v.begin(), v.end());
-            const double median = v[v.size() / 2];
-            if (std::isfinite(median)) {
-                result[which] = {median, fmt::format("{:.3f}", median)};
+            const double ms = median(samples[which]);
+            if (std::isfinite(ms)) {
+                result[which] = {ms, fmt::format("{:.3f}", ms)};
             }
         }
         for (const char *which : autoschedulers) {

@@ -180,8 +180,8 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
                        query.device_handle == key.device_handle &&
                        query.device_handle == value.device_handle && query.shape == key.shape &&
                        query.shape == value.shape;
-    const ForwardKernel *kernel =
-        detail::find_forward_kernel(device_, B * std::max(Sq, Sk), mask_kind, weights.has_value(), fused);
+    const ForwardKernel *kernel = detail::find_forward_kernel(
+        device_, B * std::max(Sq, Sk), mask_kind, weights.has_value(), fused);
     if (kernel == nullptr) {
         throw Error(fmt::format("this build has no {} kernels (see MHA_GPU_KERNELS)",
                                 detail::device_name(device_)));

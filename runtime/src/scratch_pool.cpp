@@ -1,5 +1,6 @@
 #include "scratch_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -27,7 +28,8 @@ Pool &pool() {
 }  // namespace
 
 void *scratch_allocate(void *, size_t bytes) {
-    const size_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment + kAlignment * (bytes == 0);
+    // Whole alignment units, at least one (a zero-byte request still gets a distinct block).
+    const size_t size = std::max<size_t>(1, (bytes + kAlignment - 1) / kAlignment) * kAlignment;
     Pool &p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
     // The smallest free block that fits, unless it would waste more than the request.

@@ -1,73 +1,52 @@
 // Times the GPU kernels on device-resident tensors and checks them against the reference.
 // Prints one JSON object per line: {"dims": [B, Sq, Sk, E, H], "ms": median, "rel_l2": error}.
-//
-// usage: mha_gpu_bench --device cuda|opencl [--max-check-gflop G] [--shapes B,Sq,Sk,E,H ...]
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <string>
 #include <vector>
 
-#include "HalideRuntime.h"
+#include "HalideBuffer.h"
 #include "HalideRuntimeCuda.h"
 #include "HalideRuntimeOpenCL.h"
+#include "command_line.h"
 #include "reference.h"
 
 namespace {
 
 using mha::reference::Dims;
 
-// The CPU sweep plus two larger shapes for a big GPU.
-const Dims kGpuSweep[] = {
-    {2, 5, 5, 512, 8},          {1, 128, 128, 512, 8},     {4, 256, 256, 512, 8},
-    {1, 512, 512, 768, 12},     {1, 1024, 1024, 1024, 16}, {1, 2048, 2048, 512, 8},
-    {1, 64, 2048, 512, 8},      {1, 1, 4096, 512, 8},      {8, 1024, 1024, 1024, 16},
-    {1, 4096, 4096, 1024, 16},
-};
-
-// A tensor in device memory, managed through Halide's runtime.
+// A tensor in device memory, managed through Halide's runtime; extents innermost first.
 class DeviceTensor {
 public:
     DeviceTensor(mha::Device device, std::vector<float> &host, std::vector<int64_t> shape)
-        : device_(device), shape_(std::move(shape)) {
-        int32_t stride = 1;
-        for (size_t d = shape_.size(); d-- > 0;) {
-            dims_.push_back({0, static_cast<int32_t>(shape_[d]), stride, 0});
-            stride *= static_cast<int32_t>(shape_[d]);
-        }
-        buffer_.host = reinterpret_cast<uint8_t *>(host.data());
-        buffer_.type = halide_type_of<float>();
-        buffer_.dimensions = static_cast<int>(dims_.size());
-        buffer_.dim = dims_.data();
-        buffer_.flags = halide_buffer_flag_host_dirty;
+        : device_(device), shape_(std::move(shape)),
+          buffer_(host.data(), std::vector<int>(shape_.rbegin(), shape_.rend())) {
+        buffer_.set_host_dirty();
         const auto *interface = device == mha::Device::cuda ? halide_cuda_device_interface()
                                                              : halide_opencl_device_interface();
-        if (halide_copy_to_device(nullptr, &buffer_, interface) != 0) {
+        if (buffer_.copy_to_device(interface) != 0) {
             throw mha::Error("could not copy a tensor to the device");
         }
     }
-    ~DeviceTensor() { halide_device_free(nullptr, &buffer_); }
-    DeviceTensor(const DeviceTensor &) = delete;
 
     mha::MutableTensor view() {
         const uint64_t handle = device_ == mha::Device::cuda
-                                    ? halide_cuda_get_device_ptr(nullptr, &buffer_)
-                                    : halide_opencl_get_cl_mem(nullptr, &buffer_);
+                                    ? halide_cuda_get_device_ptr(nullptr, buffer_.raw_buffer())
+                                    : halide_opencl_get_cl_mem(nullptr, buffer_.raw_buffer());
         return {nullptr, shape_, handle};
     }
     void read_back() {
-        buffer_.flags = halide_buffer_flag_device_dirty;
-        halide_copy_to_host(nullptr, &buffer_);
+        buffer_.set_device_dirty();
+        buffer_.copy_to_host();
     }
-    void sync() { halide_device_sync(nullptr, &buffer_); }
+    void sync() { buffer_.device_sync(); }
 
 private:
     mha::Device device_;
     std::vector<int64_t> shape_;
-    std::vector<halide_dimension_t> dims_;
-    halide_buffer_t buffer_{};
+    Halide::Runtime::Buffer<float> buffer_;
 };
 
 void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
@@ -114,31 +93,37 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    mha::Device device = mha::Device::cuda;
+    CLI::App app("Times the GPU kernels on device-resident tensors and checks them against the "
+                 "double-precision reference; one JSON line per shape.",
+                 "mha_gpu_bench");
+    std::string device_name = "cuda";
     double max_check_gflop = 20;
-    std::vector<Dims> shapes(std::begin(kGpuSweep), std::end(kGpuSweep));
-    for (int a = 1; a < argc; a++) {
-        const std::string arg = argv[a];
-        if (arg == "--device" && a + 1 < argc) {
-            device = std::strcmp(argv[++a], "opencl") == 0 ? mha::Device::opencl : mha::Device::cuda;
-        } else if (arg == "--max-check-gflop" && a + 1 < argc) {
-            max_check_gflop = std::stod(argv[++a]);
-        } else if (arg == "--shapes") {
-            shapes.clear();
-            while (a + 1 < argc && argv[a + 1][0] != '-') {
-                Dims d{};
-                if (std::sscanf(argv[++a], "%ld,%ld,%ld,%ld,%ld", &d.batch, &d.query_len,
-                                &d.key_len, &d.embed_dim, &d.num_heads) != 5) {
-                    fmt::print(stderr, "mha_gpu_bench: bad shape '{}'\n", argv[a]);
-                    return 2;
-                }
-                shapes.push_back(d);
-            }
-        } else {
-            fmt::print(stderr, "usage: mha_gpu_bench --device cuda|opencl [--max-check-gflop G] "
-                               "[--shapes B,Sq,Sk,E,H ...]\n");
-            return 2;
-        }
+    std::vector<std::string> shape_texts;
+    app.add_option("--device", device_name, "cuda | opencl")
+        ->check(CLI::IsMember({"cuda", "opencl"}))
+        ->type_name("DEVICE")
+        ->capture_default_str();
+    app.add_option("--max-check-gflop", max_check_gflop,
+                   "check against the reference only shapes up to this many GFLOP")
+        ->check(CLI::NonNegativeNumber)
+        ->type_name("G")
+        ->capture_default_str();
+    app.add_option("--shapes", shape_texts,
+                   "shapes to run (default: the benchmark sweep and the GPU's larger shapes)")
+        ->check(mha::tools::problem_shape())
+        ->type_name("B,Sq,Sk,E,H...");
+    if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
+        return *code;
+    }
+    const mha::Device device = device_name == "cuda" ? mha::Device::cuda : mha::Device::opencl;
+    std::vector<Dims> shapes;
+    for (const std::string &text : shape_texts) {
+        shapes.push_back(*mha::tools::parse_problem_shape(text));
+    }
+    if (shapes.empty()) {
+        shapes.assign(mha::contract::kBenchmarkSweep.begin(), mha::contract::kBenchmarkSweep.end());
+        shapes.insert(shapes.end(), mha::contract::kGpuExtraShapes.begin(),
+                      mha::contract::kGpuExtraShapes.end());
     }
     try {
         for (const Dims &d : shapes) {

@@ -18,6 +18,7 @@
 #include "HalideBuffer.h"
 #include "HalideRuntime.h"
 #include "blas_mha.h"
+#include "command_line.h"
 #include "mha_attend_values.h"
 #include "mha_linear_projection.h"
 #include "mha_masked_softmax_none.h"
@@ -32,15 +33,6 @@ namespace {
 
 using mha::reference::Dims;
 using mha::reference::Problem;
-
-// The sweep, (B, Sq, Sk, E, H): the seed example, self-attention from 128 to 2048 tokens,
-// cross-attention, and one query against a long context. Sq = Sk runs self-attention on one
-// tensor (the fused QKV kernels).
-const Dims kSweep[] = {
-    {2, 5, 5, 512, 8},          {1, 128, 128, 512, 8},     {4, 256, 256, 512, 8},
-    {1, 512, 512, 768, 12},     {1, 1024, 1024, 1024, 16}, {1, 2048, 2048, 512, 8},
-    {1, 64, 2048, 512, 8},      {1, 1, 4096, 512, 8},
-};
 
 std::string shape_name(const Dims &d) {
     return fmt::format("B{}_Sq{}_Sk{}_E{}_H{}", d.batch, d.query_len, d.key_len, d.embed_dim,
@@ -190,16 +182,16 @@ void stage(benchmark::State &state, const std::string &which, Dims d, int thread
     }
 }
 
-void register_all() {
-    for (int threads : {1, 2}) {
+void register_all(const std::vector<int> &thread_counts) {
+    for (int threads : thread_counts) {
         benchmark::RegisterBenchmark(fmt::format("sgemm2048/threads:{}", threads).c_str(),
                                      sgemm_ceiling, threads)
             ->Unit(benchmark::kMillisecond)
             ->MinTime(0.5);
     }
-    for (const Dims &d : kSweep) {
+    for (const Dims &d : mha::contract::kBenchmarkSweep) {
         for (bool w : {false, true}) {
-            for (int threads : {1, 2}) {
+            for (int threads : thread_counts) {
                 const auto suffix =
                     fmt::format("{}/weights:{}/threads:{}", shape_name(d), int(w), threads);
                 benchmark::RegisterBenchmark(("halide/" + suffix).c_str(), halide_forward, d, w,
@@ -213,7 +205,7 @@ void register_all() {
     }
     for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",
                            "attend_values", "merge_heads"}) {
-        for (const Dims &d : kSweep) {
+        for (const Dims &d : mha::contract::kBenchmarkSweep) {
             benchmark::RegisterBenchmark(
                 fmt::format("stage/{}/{}/threads:2", st, shape_name(d)).c_str(), stage,
                 std::string(st), d, 2)
@@ -225,11 +217,19 @@ void register_all() {
 }  // namespace
 
 int main(int argc, char **argv) {
-    register_all();
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
-        return 1;
+    benchmark::Initialize(&argc, argv);  // takes Google Benchmark's --benchmark_* flags
+    CLI::App app("This project's forward pass and stages against OpenBLAS over the benchmark "
+                 "sweep (contract/mha_contract.h); Google Benchmark's --benchmark_* flags apply.",
+                 "mha_bench");
+    std::vector<int> thread_counts = {1, 2};
+    app.add_option("--threads", thread_counts, "thread counts to run the forward pass at")
+        ->check(CLI::Range(1, 1024))
+        ->type_name("N...")
+        ->capture_default_str();
+    if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
+        return *code;
     }
+    register_all(thread_counts);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     return 0;

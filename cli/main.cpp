@@ -7,11 +7,14 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "command_line.h"
 #include "mha/mha.h"
+#include "mha_contract.h"
 #include "reference.h"
 
 namespace {
@@ -21,93 +24,94 @@ using mha::reference::Dims;
 struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
-    std::string mask = "none";   // none | keep | block
+    std::string mask = "none";  // a contract mask kind
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool check = true;
     int repeats = 50;
     uint64_t seed = 2024;
+    bool list_kernels = false;
 };
 
-constexpr const char *kUsage = R"(usage: mha [options]
-  --batch N        batch size B (default 2)
-  --query-len N    query length Sq (default 5)
-  --key-len N      key/value length Sk (default: Sq, self-attention)
-  --embed-dim N    embedding dimension E (default 512)
-  --heads N        number of heads H, dividing E (default 8)
-  --mask KIND      none | keep (0 = blocked) | block (1 = blocked), shape [B, 1, Sq, Sk]
-  --device D       cpu | cuda | opencl (default cpu)
-  --no-weights     do not return the attention weights
-  --no-check       skip the double-precision reference (for large shapes)
-  --repeats N      timed forward passes (default 50)
-  --seed N         random seed of inputs and weights (default 2024)
-  --help           this text)";
-
-class UsageError : public std::runtime_error {
-public:
-    using std::runtime_error::runtime_error;
-};
-
-int64_t parse_positive(const std::string &flag, const char *text) {
-    char *end = nullptr;
-    errno = 0;
-    const long long value = std::strtoll(text, &end, 10);
-    if (end == text || *end != '\0' || errno != 0 || value < 1) {
-        throw UsageError(fmt::format("{} '{}' is not a positive integer", flag, text));
-    }
-    return value;
-}
-
-Options parse(int argc, char **argv) {
+// The command line; nullopt when the program should exit with `exit_code`.
+std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     Options o;
-    std::map<std::string, int64_t *> sizes = {
-        {"--batch", &o.dims.batch},         {"--query-len", &o.dims.query_len},
-        {"--key-len", &o.dims.key_len},     {"--embed-dim", &o.dims.embed_dim},
-        {"--heads", &o.dims.num_heads}};
-    for (int a = 1; a < argc; a++) {
-        const std::string flag = argv[a];
-        auto takes_value = [&]() -> const char * {
-            if (a + 1 >= argc) {
-                throw UsageError(fmt::format("{} needs a value", flag));
-            }
-            return argv[++a];
-        };
-        if (flag == "--help") {
-            fmt::print("{}\n", kUsage);
-            std::exit(0);
-        } else if (auto it = sizes.find(flag); it != sizes.end()) {
-            *it->second = parse_positive(flag, takes_value());
-            o.key_len_given |= flag == "--key-len";
-        } else if (flag == "--mask") {
-            o.mask = takes_value();
-            if (o.mask != "none" && o.mask != "keep" && o.mask != "block") {
-                throw UsageError(
-                    fmt::format("--mask '{}' is not one of none, keep, block", o.mask));
-            }
-        } else if (flag == "--device") {
-            const std::string d = takes_value();
-            const std::map<std::string, mha::Device> devices = {
-                {"cpu", mha::Device::cpu}, {"cuda", mha::Device::cuda}, {"opencl", mha::Device::opencl}};
-            if (devices.count(d) == 0) {
-                throw UsageError(fmt::format("--device '{}' is not one of cpu, cuda, opencl", d));
-            }
-            o.device = devices.at(d);
-        } else if (flag == "--no-weights") {
-            o.return_weights = false;
-        } else if (flag == "--no-check") {
-            o.check = false;
-        } else if (flag == "--repeats") {
-            o.repeats = static_cast<int>(std::min<int64_t>(parse_positive(flag, takes_value()), 1 << 20));
-        } else if (flag == "--seed") {
-            o.seed = static_cast<uint64_t>(parse_positive(flag, takes_value()));
-        } else {
-            throw UsageError(fmt::format("unknown option '{}' (see --help)", flag));
-        }
+    CLI::App app("Runs the compiled multi-head attention kernels on random inputs: prints the "
+                 "dimension flow, the error against a double-precision reference and the "
+                 "forward pass's time.",
+                 "mha");
+    const auto size = [&](const char *flag, int64_t &value, const char *what) {
+        return app.add_option(flag, value, what)
+            ->check(mha::tools::positive_integer())
+            ->type_name("N")
+            ->capture_default_str();
+    };
+    size("--batch", o.dims.batch, "batch size B");
+    size("--query-len", o.dims.query_len, "query length Sq");
+    CLI::Option *key_len =
+        app.add_option("--key-len", o.dims.key_len, "key/value length Sk (default: Sq, "
+                                                    "self-attention)")
+            ->check(mha::tools::positive_integer())
+            ->type_name("N");
+    size("--embed-dim", o.dims.embed_dim, "embedding dimension E");
+    size("--heads", o.dims.num_heads, "number of heads H, dividing E");
+    std::vector<std::string> masks;
+    for (mha::contract::MaskKind k : mha::contract::kMaskKinds) {
+        masks.emplace_back(mha::contract::mask_kind_name(k));
     }
+    app.add_option("--mask", o.mask,
+                   "none | keep (0 = blocked) | block (nonzero = blocked), shape [B, 1, Sq, Sk]")
+        ->check(CLI::IsMember(masks))
+        ->type_name("KIND")
+        ->capture_default_str();
+    std::vector<std::string> devices;
+    for (mha::Device d : mha::contract::kDevices) {
+        devices.emplace_back(mha::contract::device_name(d));
+    }
+    std::string device = "cpu";
+    app.add_option("--device", device, "cpu | cuda | opencl")
+        ->check(CLI::IsMember(devices))
+        ->type_name("DEVICE")
+        ->capture_default_str();
+    app.add_flag("--no-weights", [&](int64_t) { o.return_weights = false; },
+                 "do not return the attention weights");
+    app.add_flag("--no-check", [&](int64_t) { o.check = false; },
+                 "skip the double-precision reference (for large shapes)");
+    app.add_option("--repeats", o.repeats, "timed forward passes")
+        ->check(CLI::Range(1, 1 << 20))
+        ->type_name("N")
+        ->capture_default_str();
+    app.add_option("--seed", o.seed, "random seed of inputs and weights")
+        ->type_name("N")
+        ->capture_default_str();
+    app.add_flag("--list-kernels", o.list_kernels,
+                 "list the kernels this program links and what each takes, then exit");
+    if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
+        exit_code = *code;
+        return std::nullopt;
+    }
+    o.device = mha::contract::kDevices[std::find(devices.begin(), devices.end(), device) -
+                                       devices.begin()];
+    o.key_len_given = key_len->count() > 0;
     if (!o.key_len_given) {
         o.dims.key_len = o.dims.query_len;
     }
     return o;
+}
+
+int list_kernels() {
+    const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
+    fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
+               mha::dispatched_isa());
+    fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} arguments\n", "name", "device",
+               "isa", "buckets", "mask", "qkv", "wts");
+    for (const mha::KernelInfo &k : kernels) {
+        fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} {}\n", k.name,
+                   mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
+                   fmt::join(k.buckets, ","), k.mask_kind, k.fused_qkv ? "fused" : "separate",
+                   k.returns_weights ? "yes" : "no", fmt::join(k.arguments, ", "));
+    }
+    return 0;
 }
 
 std::string shape(std::initializer_list<int64_t> dims) {
@@ -167,6 +171,11 @@ int run(const Options &o) {
                d.num_heads, d.head_dim(), o.mask, o.return_weights ? "returned" : "not returned");
     print_dimension_flow(d);
 
+    fmt::print("kernel: {}\n",
+               module.kernel_name(mha::reference::query_view(problem),
+                                  mha::reference::key_view(problem),
+                                  mha::reference::value_view(problem),
+                                  mha::reference::mask_view(problem), o.return_weights));
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);
@@ -198,11 +207,13 @@ int run(const Options &o) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    int exit_code = 0;
+    const std::optional<Options> options = parse(argc, argv, exit_code);
+    if (!options) {
+        return exit_code;
+    }
     try {
-        return run(parse(argc, argv));
-    } catch (const UsageError &e) {
-        fmt::print(stderr, "mha: error: {}\n", e.what());
-        return 2;
+        return options->list_kernels ? list_kernels() : run(*options);
     } catch (const std::exception &e) {
         fmt::print(stderr, "mha: error: {}\n", e.what());
         return 1;

@@ -7,13 +7,13 @@
 //  - projections read token rows past the end as the last token (token_rows);
 //  - mask rows/columns are read through repeat-edge boundary conditions (the generator);
 //  - the runtime pads each prepacked Wᵀ and bias with zero output features up to
-//    `padded_features(E, H)` (kernel_abi.h), which covers head and projection tiles that
+//    `padded_features(E, d)` (contract/mha_contract.h), which covers head and projection tiles that
 //    divide kMaxTile features;
 //  - an output that the pipeline also consumes (the attention weights) is read through a clamp.
 // Values computed past the ends are never used by a real output element.
 #pragma once
 
-#include "kernel_abi.h"
+#include "mha_contract.h"
 #include "mha_stages.h"
 
 namespace mha {
@@ -22,7 +22,7 @@ namespace mha {
 inline Halide::Func panel_view(const Halide::Func &panels, const std::string &name) {
     Halide::Var e("e"), k("k");
     Halide::Func weight_t(name);
-    weight_t(e, k) = panels(e % kWeightPanel, k, e / kWeightPanel);
+    weight_t(e, k) = panels(e % contract::kWeightPanel, k, e / contract::kWeightPanel);
     return weight_t;
 }
 
@@ -38,6 +38,9 @@ struct ForwardInputs {
     Halide::Func out_weight_t, out_bias;
     Halide::Func mask;  // (j, i, h, b) extended by repeat-edge, or undefined
     MaskKind mask_kind = MaskKind::none;
+    // True when the mask's keys are dense (stride 1), so that a schedule can specialize its
+    // loads to vectors; undefined without a mask.
+    Halide::Expr mask_keys_dense;
     bool weights_are_output = false;
     // Separate copies of the scores for the row max and row sum (see ScoreSources).
     bool recompute_scores = false;
@@ -49,6 +52,7 @@ struct ForwardInputs {
 struct ForwardStages {
     StageVars v;
     Halide::Expr head_dim, query_len, num_keys;
+    Halide::Expr mask_keys_dense;  // see ForwardInputs
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
     Halide::Func q_proj, k_proj, v_proj;         // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
@@ -69,14 +73,15 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.head_dim = in.head_dim;
     f.query_len = in.query_len;
     f.num_keys = in.num_keys;
+    f.mask_keys_dense = in.mask_keys_dense;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
     const Func query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
         Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");
         f.q_proj = token_view(v, qkv.result, Sq, 0, "q_proj");
-        f.k_proj = token_view(v, qkv.result, Sq, in.padded, "k_proj");
-        f.v_proj = token_view(v, qkv.result, Sq, 2 * in.padded, "v_proj");
+        f.k_proj = token_view(v, qkv.result, Sq, contract::qkv_block_offset(1, in.padded), "k_proj");
+        f.v_proj = token_view(v, qkv.result, Sq, contract::qkv_block_offset(2, in.padded), "v_proj");
         f.input_projections = {qkv};
     } else {
         f.input_projections = {

@@ -7,10 +7,11 @@
 #pragma once
 
 #include "Halide.h"
+#include "mha_contract.h"
 
 namespace mha {
 
-enum class MaskKind { none, keep, block };
+using contract::MaskKind;
 
 // The pure variables every stage is written in; schedules refer to the same objects.
 struct StageVars {
@@ -89,7 +90,6 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
     return s;
 }
 
-// Softmax over keys of the masked scores, subtracting the row maximum for range safety.
 // Softmax over keys of the masked scores, subtracting the row maximum for range safety.
 struct MaskedSoftmax {
     Halide::Func masked;   // scores with blocked positions set to kMaskedScore

@@ -7,147 +7,13 @@
 // Only the pipeline's outputs are written with guarded tails.
 #pragma once
 
-#include <algorithm>
-#include <string>
 #include <utility>
-#include <vector>
 
 #include "Halide.h"
+#include "cpu_params.h"
 #include "mha_forward.h"
 
 namespace mha::cpu {
-
-// The tunables of the CPU schedule; sizes are in f32 lanes of the target's vector unit
-// ("vectors") or in rows. `for_target` gives the hand-written defaults, then applies a tuned
-// parameter set for the target's instruction set when one is given (schedules/tuned/).
-struct ScheduleParams {
-    int vector_lanes = 8;
-    // Projections: register tile of proj_vectors x proj_rows accumulators.
-    int proj_vectors = 2;
-    int proj_rows = 6;
-    int proj_block_tiles = 16;  // row tiles sharing one weight panel while in cache
-    // Attention: query rows per tile whose scores and softmax stay in a tile buffer.
-    int attention_rows = 8;
-    int tasks_per_head = 4;  // parallel tasks per (batch, head), each a run of query tiles
-    // Q·Kᵀ register tile: qk_vectors of keys x qk_rows queries.
-    int qk_vectors = 2;
-    int qk_rows = 4;
-    // weights·V register tile: pv_vectors of head features x pv_rows queries.
-    int pv_vectors = 2;
-    int pv_rows = 4;
-    // 1: normalized softmax weights are computed per tile; 0: folded into weights·V.
-    int materialize_weights = 1;
-
-    // Every tunable by name (vector_lanes is the target's, not tunable).
-    static const std::vector<std::pair<std::string, int ScheduleParams::*>> &tunables() {
-        static const std::vector<std::pair<std::string, int ScheduleParams::*>> t = {
-            {"proj_vectors", &ScheduleParams::proj_vectors},
-            {"proj_rows", &ScheduleParams::proj_rows},
-            {"proj_block_tiles", &ScheduleParams::proj_block_tiles},
-            {"attention_rows", &ScheduleParams::attention_rows},
-            {"tasks_per_head", &ScheduleParams::tasks_per_head},
-            {"qk_vectors", &ScheduleParams::qk_vectors},
-            {"qk_rows", &ScheduleParams::qk_rows},
-            {"pv_vectors", &ScheduleParams::pv_vectors},
-            {"pv_rows", &ScheduleParams::pv_rows},
-            {"materialize_weights", &ScheduleParams::materialize_weights}};
-        return t;
-    }
-
-    // "proj_vectors:2,proj_rows:6,...", the form generator params take (they cannot hold '=').
-    std::string to_string() const {
-        std::string out;
-        for (const auto &[name, field] : tunables()) {
-            out += (out.empty() ? "" : ",") + name + ":" + std::to_string(this->*field);
-        }
-        return out;
-    }
-
-    // Applies "name:value,..." assignments; an unknown name or a bad value is a compile error.
-    void apply(const std::string &assignments) {
-        size_t start = 0;
-        while (start < assignments.size()) {
-            size_t end = assignments.find(',', start);
-            end = end == std::string::npos ? assignments.size() : end;
-            const std::string item = assignments.substr(start, end - start);
-            const size_t eq = item.find(':');
-            const auto field = std::find_if(tunables().begin(), tunables().end(),
-                                            [&](const auto &t) { return t.first == item.substr(0, eq); });
-            int value = 0;
-            size_t used = 0;
-            try {
-                value = std::stoi(item.substr(eq + 1), &used);
-            } catch (const std::exception &) {
-                used = 0;
-            }
-            if (eq == std::string::npos || field == tunables().end() || used == 0 ||
-                used != item.size() - eq - 1) {
-                throw Halide::CompileError("bad schedule parameter '" + item +
-                                           "': expected <name>:<integer>, names being those of " +
-                                           ScheduleParams().to_string());
-            }
-            this->*(field->second) = value;
-            start = end + 1;
-        }
-        const std::string why = invalid_because();
-        if (!why.empty()) {
-            throw Halide::CompileError("schedule parameters " + to_string() + " are invalid: " + why);
-        }
-    }
-
-    // Why these parameters cannot build a correct pipeline; empty when they can.
-    std::string invalid_because() const {
-        for (const auto &[name, field] : tunables()) {
-            if (this->*field < (name == "materialize_weights" ? 0 : 1)) {
-                return name + " must be positive";
-            }
-        }
-        if (kMaxTile % (vector_lanes * proj_vectors) != 0 || kMaxTile % (vector_lanes * pv_vectors) != 0) {
-            return "projection and weights·V tiles must divide " + std::to_string(kMaxTile) +
-                   " features (the weights' padding)";
-        }
-        if (attention_rows % qk_rows != 0 || attention_rows % pv_rows != 0) {
-            return "attention_rows must be a multiple of qk_rows and pv_rows";
-        }
-        return "";
-    }
-
-    // The instruction-set name a parameter set is keyed by.
-    static std::string isa_of(const Halide::Target &t) {
-        if (t.has_feature(Halide::Target::AVX512_Skylake)) {
-            return "avx512";
-        }
-        if (t.has_feature(Halide::Target::AVX2)) {
-            return "avx2";
-        }
-        return t.arch == Halide::Target::X86 ? "sse41" : "other";
-    }
-
-    // Defaults for `target`, then the entry of `tuned` ("isa@name:value,.../isa@...") for its
-    // instruction set.
-    static ScheduleParams for_target(const Halide::Target &target, const std::string &tuned = "") {
-        ScheduleParams p;
-        p.vector_lanes = target.natural_vector_size<float>();
-        const bool wide_register_file = target.has_feature(Halide::Target::AVX512);
-        if (wide_register_file) {  // 32 vector registers
-            p.proj_rows = 12;
-            p.qk_rows = 8;
-            p.pv_rows = 8;
-        }
-        const std::string isa = isa_of(target) + "@";
-        size_t start = 0;
-        while (start < tuned.size()) {
-            size_t end = tuned.find('/', start);
-            end = end == std::string::npos ? tuned.size() : end;
-            const std::string entry = tuned.substr(start, end - start);
-            if (entry.compare(0, isa.size(), isa) == 0) {
-                p.apply(entry.substr(isa.size()));
-            }
-            start = end + 1;
-        }
-        return p;
-    }
-};
 
 // An accumulator computed whole inside one register tile at `at`: both definitions vectorized
 // along `cols` and unrolled along `rows`, the update's reduction `k` outside the tile.
@@ -172,7 +38,7 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     Func tiles = p.result.in();
     // Tiles start on weight panel boundaries, so that each reads one panel with dense loads.
     tiles.compute_root()
-        .align_bounds(v.e, kWeightPanel)
+        .align_bounds(v.e, contract::kWeightPanel)
         .split(v.e, eo, ei, cols, whole)
         .split(v.r, ro, ri, sp.proj_rows, whole)
         .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)
@@ -324,6 +190,12 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     // A task's tiles reuse one tile's worth of storage.
     for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
         tile_buffer.fold_storage(v.i, sp.attention_rows);
+    }
+    // The caller chooses the mask's key stride (zero broadcasts a mask over keys): the common
+    // dense case, a key-padding or [Sq, Sk] mask, gets its own copy of the attention loops in
+    // which mask loads are vectors rather than gathers.
+    if (f.mask_keys_dense.defined()) {
+        tile_owner.specialize(f.mask_keys_dense);
     }
 }
 

@@ -56,7 +56,7 @@ inline void schedule_projection(const StageVars &v, Projection &p, const Schedul
     Var eo("eo"), ro("ro"), ei("ei"), ri("ri"), et("et"), eu("eu"), rt("rt"), ru("ru");
     Func tiles = p.result.in();
     tiles.compute_root()
-        .align_bounds(v.e, kWeightPanel)
+        .align_bounds(v.e, contract::kWeightPanel)
         .tile(v.e, v.r, eo, ro, ei, ri, sp.proj_block_cols, sp.proj_block_rows, whole)
         .tile(ei, ri, et, rt, eu, ru, sp.proj_thread_cols, sp.proj_thread_rows, whole)
         .reorder(eu, ru, et, rt, eo, ro)
@@ -116,7 +116,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
     // weights·V: a block per (query tile, head, batch); threads over (head features, rows).
     Func context_tiles = f.context.result.in();
     Var io("io"), ii("ii"), co("co"), ci("ci"), ct("ct"), cu("cu");
-    const int head_tile = kMaxTile;
+    const int head_tile = contract::kMaxTile;
     context_tiles.compute_root()
         .split(v.i, io, ii, sp.attention_rows, whole)
         .split(v.c, co, ci, head_tile, whole)

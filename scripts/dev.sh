@@ -20,7 +20,8 @@ build="${MHA_BUILD_DIR:-$root/build}"
 python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
 bench_requirements=(torch==2.15.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
-                 pocl-opencl-icd ocl-icd-opencl-dev libopenblas-dev)
+                 libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
+                 libopenblas-dev binutils)
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -78,7 +79,7 @@ case "$command" in
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
-        "$venv/bin/ctest" --test-dir "$build" --output-on-failure "$@"
+        "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
         ;;
     build)  # everything, benchmarks included, and PyTorch for them; runs nothing
         install_debian_packages

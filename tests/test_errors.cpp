@@ -1,9 +1,9 @@
 // Bad input raises mha::Error naming the argument and its value; the module keeps working.
 #include <gtest/gtest.h>
 
-#include "HalideRuntime.h"
-#include "kernel_abi.h"
-#include "kernel_table.h"
+#include "HalideBuffer.h"
+#include "cpu_isa.h"
+#include "halide_calls.h"
 #include "reference.h"
 
 namespace {
@@ -143,47 +143,37 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // API would have refused) comes back as mha::Error carrying Halide's own message, and nothing is
 // printed or aborted.
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
+    using mha::contract::ArgId;
     mha::detail::install_runtime_hooks();
-    const auto *kernel = mha::detail::find_forward_kernel(mha::Device::cpu, 10, mha::detail::MaskKind::none, false,
-                                                          /*fused_qkv=*/false);
+    const mha::contract::ForwardVariant variant{mha::contract::MaskKind::none, false, false};
+    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::cpu_kernels(),
+                                                          int(mha::detail::cpu_isa()), 10, variant);
     ASSERT_NE(kernel, nullptr);
-    const int padded = static_cast<int>(mha::padded_features(12, 3));
+    const int padded = mha::contract::padded_features(12, 4);
+    const int panel = mha::contract::kWeightPanel;
     std::vector<float> w(12 * padded, 0.0f), b(padded, 0.0f);
-    auto dense = [](const std::vector<float> &data, std::vector<int> extents) {
-        std::vector<halide_dimension_t> dims;
-        int stride = 1;
-        for (int e : extents) {
-            dims.push_back({0, e, stride, 0});
-            stride *= e;
-        }
-        return dims;
-    };
-    auto qd = dense(p.query, {12, 5, 2}), kd = dense(p.key, {12, 7, 2});
-    auto vd = dense(p.value, {12, 6, 2}), bd = dense(b, {padded});
-    auto wd = dense(w, {mha::kWeightPanel, 12, padded / mha::kWeightPanel});  // panel layout
-    auto od = dense(output, {12, 5, 2});
-    auto buffer = [](const void *data, std::vector<halide_dimension_t> &dims) {
-        halide_buffer_t buf{};
-        buf.host = static_cast<uint8_t *>(const_cast<void *>(data));
-        buf.type = halide_type_of<float>();
-        buf.dimensions = static_cast<int>(dims.size());
-        buf.dim = dims.data();
-        return buf;
-    };
-    halide_buffer_t qb = buffer(p.query.data(), qd), kb = buffer(p.key.data(), kd);
-    halide_buffer_t vb = buffer(p.value.data(), vd), wb = buffer(w.data(), wd);
-    halide_buffer_t bb = buffer(b.data(), bd), ob = buffer(output.data(), od);
-    int head_dim = 4;
+    std::vector<float> query = p.query, key = p.key, value = p.value;
+    Halide::Runtime::Buffer<float> qb(query.data(), 12, 5, 2), kb(key.data(), 12, 7, 2);
+    Halide::Runtime::Buffer<float> vb(value.data(), 12, 6, 2), ob(output.data(), 12, 5, 2);
+    Halide::Runtime::Buffer<float> wb(w.data(), panel, 12, padded / panel), bb(b.data(), padded);
+    int32_t head_dim = 4;
+    mha::detail::ArgValues values{};
+    values[size_t(ArgId::query)] = qb.raw_buffer();
+    values[size_t(ArgId::key)] = kb.raw_buffer();
+    values[size_t(ArgId::value)] = vb.raw_buffer();
+    values[size_t(ArgId::output)] = ob.raw_buffer();
+    values[size_t(ArgId::head_dim)] = &head_dim;
+    for (ArgId id : {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight, ArgId::out_weight}) {
+        values[size_t(id)] = wb.raw_buffer();
+    }
+    for (ArgId id : {ArgId::q_bias, ArgId::k_bias, ArgId::v_bias, ArgId::out_bias}) {
+        values[size_t(id)] = bb.raw_buffer();
+    }
     testing::internal::CaptureStderr();
     expect_error(
         [&] {
             mha::detail::CallContext context;
-            mha::detail::call_kernel(*kernel, context, {{"query", &qb}, {"key", &kb}, {"value", &vb},
-                                               {"q_weight", &wb}, {"k_weight", &wb},
-                                               {"v_weight", &wb}, {"out_weight", &wb},
-                                               {"q_bias", &bb}, {"k_bias", &bb}, {"v_bias", &bb},
-                                               {"out_bias", &bb}, {"head_dim", &head_dim},
-                                               {"output", &ob}});
+            mha::detail::call_kernel(*kernel, context, values);
         },
         "Input buffer value is accessed at 6, which is beyond the max (5) in dimension 1");
     EXPECT_EQ(testing::internal::GetCapturedStderr(), "");

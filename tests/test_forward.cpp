@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "reference.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -14,8 +15,6 @@ using mha::reference::Dims;
 using mha::reference::Problem;
 
 constexpr double kTolerance = 1e-5;  // relative L2, f32 against f64
-
-uint64_t fresh_seed() { return std::random_device{}(); }
 
 using ForwardResult = mha::reference::Outputs;
 
@@ -35,7 +34,7 @@ void expect_matches_reference(const Problem &p, bool with_weights) {
 
 TEST(SeedExample, ShapesAndValuesMatchTheArticle) {
     // batch 2, sequence 5, embed 512, 8 heads: output [2, 5, 512], weights [2, 8, 5, 5].
-    const Problem p = mha::reference::random_problem({2, 5, 5, 512, 8}, fresh_seed(), true);
+    const Problem p = mha::reference::random_problem({2, 5, 5, 512, 8}, mha::testing::next_seed(), true);
     const ForwardResult got = run_forward(p, true);
     ASSERT_EQ(got.output.size(), 2u * 5 * 512);
     ASSERT_EQ(got.weights.size(), 2u * 8 * 5 * 5);
@@ -67,22 +66,22 @@ class ForwardShapes : public ::testing::TestWithParam<ShapeCase> {};
 
 TEST_P(ForwardShapes, MatchesReferenceWithWeights) {
     const Dims d = GetParam().dims;
-    expect_matches_reference(mha::reference::random_problem(d, fresh_seed()), true);
+    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed()), true);
 }
 
 TEST_P(ForwardShapes, MatchesReferenceWithoutWeights) {
     const Dims d = GetParam().dims;
-    expect_matches_reference(mha::reference::random_problem(d, fresh_seed()), false);
+    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed()), false);
 }
 
 TEST_P(ForwardShapes, SelfAttentionMatchesReference) {
     Dims d = GetParam().dims;
     d.key_len = d.query_len;
-    expect_matches_reference(mha::reference::random_problem(d, fresh_seed(), true), true);
+    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed(), true), true);
 }
 
 TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
-    const Problem p = mha::reference::random_problem(GetParam().dims, fresh_seed());
+    const Problem p = mha::reference::random_problem(GetParam().dims, mha::testing::next_seed());
     const ForwardResult with = run_forward(p, true);
     const ForwardResult without = run_forward(p, false);
     ASSERT_EQ(with.output.size(), without.output.size());
@@ -93,7 +92,7 @@ TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
 }
 
 TEST_P(ForwardShapes, WeightRowsSumToOne) {
-    const Problem p = mha::reference::random_problem(GetParam().dims, fresh_seed());
+    const Problem p = mha::reference::random_problem(GetParam().dims, mha::testing::next_seed());
     const ForwardResult got = run_forward(p, true);
     const int64_t Sk = p.dims.key_len;
     for (size_t row = 0; row < got.weights.size() / Sk; row++) {
@@ -132,9 +131,9 @@ class ForwardMasks : public ::testing::TestWithParam<MaskCase> {};
 
 TEST_P(ForwardMasks, MatchesReference) {
     for (const Dims d : {Dims{2, 7, 11, 12, 3}, Dims{3, 5, 5, 40, 4}, Dims{1, 1, 13, 8, 2}}) {
-        Problem p = mha::reference::random_problem(d, fresh_seed());
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
         mha::reference::add_random_mask(p, GetParam().convention, GetParam().shape(d),
-                                        fresh_seed());
+                                        mha::testing::next_seed());
         SCOPED_TRACE(::testing::Message() << "B " << d.batch << " Sq " << d.query_len);
         expect_matches_reference(p, true);
         expect_matches_reference(p, false);
@@ -147,9 +146,9 @@ INSTANTIATE_TEST_SUITE_P(BothConventions, ForwardMasks, ::testing::ValuesIn(kMas
 // The same blocked positions in both conventions give the same result.
 TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
     const Dims d{2, 6, 9, 16, 4};
-    Problem keep = mha::reference::random_problem(d, fresh_seed());
+    Problem keep = mha::reference::random_problem(d, mha::testing::next_seed());
     mha::reference::add_random_mask(keep, MaskConvention::keep, {d.batch, 1, d.query_len, d.key_len},
-                                    fresh_seed());
+                                    mha::testing::next_seed());
     Problem block = keep;
     block.mask_convention = MaskConvention::block;
     for (uint8_t &m : block.mask) {
@@ -163,8 +162,8 @@ TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
 TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
     const Dims d{2, 4, 7, 12, 3};
     for (MaskConvention convention : {MaskConvention::keep, MaskConvention::block}) {
-        Problem p = mha::reference::random_problem(d, fresh_seed());
-        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len}, fresh_seed());
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len}, mha::testing::next_seed());
         const uint8_t blocked = convention == MaskConvention::keep ? 0 : 1;
         for (int64_t j = 0; j < d.key_len; j++) {
             p.mask[2 * d.key_len + j] = blocked;  // query row 2 sees no key
@@ -186,19 +185,19 @@ TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
 
 TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
     const Dims d{2, 9, 14, 24, 3};
-    const Problem shared = mha::reference::random_problem(d, fresh_seed());
+    const Problem shared = mha::reference::random_problem(d, mha::testing::next_seed());
     const auto module = mha::reference::make_module(shared);
     constexpr int kThreads = 6;
     std::vector<Problem> problems;
     for (int t = 0; t < kThreads; t++) {
-        Problem p = mha::reference::random_problem(d, fresh_seed());
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
         for (int l = 0; l < 4; l++) {  // same module weights, fresh inputs
             p.weight[l] = shared.weight[l];
             p.bias[l] = shared.bias[l];
         }
         if (t % 2 == 1) {
             mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len},
-                                            fresh_seed());
+                                            mha::testing::next_seed());
         }
         problems.push_back(std::move(p));
     }

@@ -7,9 +7,10 @@
 #include <cstdlib>
 #include <random>
 
-#include "HalideRuntime.h"
+#include "HalideBuffer.h"
 #include "HalideRuntimeOpenCL.h"
 #include "reference.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -19,8 +20,6 @@ using mha::reference::Dims;
 using mha::reference::Problem;
 
 constexpr double kTolerance = 1e-5;
-
-uint64_t fresh_seed() { return std::random_device{}(); }
 
 using Result = mha::reference::Outputs;
 
@@ -69,10 +68,10 @@ class OpenClCases : public OpenCl, public ::testing::WithParamInterface<GpuCase>
 
 TEST_P(OpenClCases, MatchesReference) {
     const GpuCase &c = GetParam();
-    Problem p = mha::reference::random_problem(c.dims, fresh_seed(), c.self_attention);
+    Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
     if (c.mask) {
         mha::reference::add_random_mask(p, *c.mask, {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
-                                        fresh_seed());
+                                        mha::testing::next_seed());
     }
     const auto module = mha::reference::make_module(p, Device::opencl);
     expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
@@ -83,8 +82,8 @@ INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
 
 TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
     const Dims d{1, 3, 6, 8, 2};
-    Problem p = mha::reference::random_problem(d, fresh_seed());
-    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len}, fresh_seed());
+    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len}, mha::testing::next_seed());
     for (int64_t j = 0; j < d.key_len; j++) {
         p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
     }
@@ -102,10 +101,10 @@ TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
 // must give new results.
 TEST_F(OpenCl, HostInputsRewrittenInPlaceAreCopiedAgain) {
     const Dims d{2, 6, 6, 12, 3};
-    Problem p = mha::reference::random_problem(d, fresh_seed());
+    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
     const auto module = mha::reference::make_module(p, Device::opencl);
     expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
-    std::mt19937 rng(fresh_seed());
+    std::mt19937 rng(mha::testing::next_seed());
     std::uniform_real_distribution<float> u(-1, 1);
     for (auto *tensor : {&p.query, &p.key, &p.value}) {
         for (float &x : *tensor) {
@@ -115,34 +114,24 @@ TEST_F(OpenCl, HostInputsRewrittenInPlaceAreCopiedAgain) {
     expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
 }
 
-// A Halide-managed OpenCL buffer: a cl_mem as a user would hold one.
+// A Halide-managed OpenCL buffer: a cl_mem as a user would hold one. Dimensions innermost first.
 struct DeviceTensor {
-    std::vector<halide_dimension_t> dims;
-    halide_buffer_t buffer{};
-    explicit DeviceTensor(std::vector<float> &host, std::vector<int> extents_innermost_first) {
-        int stride = 1;
-        for (int e : extents_innermost_first) {
-            dims.push_back({0, e, stride, 0});
-            stride *= e;
-        }
-        buffer.host = reinterpret_cast<uint8_t *>(host.data());
-        buffer.type = halide_type_of<float>();
-        buffer.dimensions = static_cast<int>(dims.size());
-        buffer.dim = dims.data();
-        buffer.flags = halide_buffer_flag_host_dirty;
-        EXPECT_EQ(halide_copy_to_device(nullptr, &buffer, halide_opencl_device_interface()), 0);
+    Halide::Runtime::Buffer<float> buffer;
+    DeviceTensor(std::vector<float> &host, const std::vector<int> &extents)
+        : buffer(host.data(), extents) {
+        buffer.set_host_dirty();
+        EXPECT_EQ(buffer.copy_to_device(halide_opencl_device_interface()), 0);
     }
-    ~DeviceTensor() { halide_device_free(nullptr, &buffer); }
-    uint64_t cl_mem() { return halide_opencl_get_cl_mem(nullptr, &buffer); }
+    uint64_t cl_mem() { return halide_opencl_get_cl_mem(nullptr, buffer.raw_buffer()); }
     void read_back() {
-        buffer.flags = halide_buffer_flag_device_dirty;
-        EXPECT_EQ(halide_copy_to_host(nullptr, &buffer), 0);
+        buffer.set_device_dirty();
+        EXPECT_EQ(buffer.copy_to_host(), 0);
     }
 };
 
 TEST_F(OpenCl, DeviceResidentTensorsAreUsedInPlace) {
     const Dims d{2, 5, 9, 16, 4};
-    const Problem p = mha::reference::random_problem(d, fresh_seed());
+    const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
     const auto module = mha::reference::make_module(p, Device::opencl);
     std::vector<float> query = p.query, key = p.key, value = p.value;
     std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
@@ -178,7 +167,7 @@ TEST(Cuda, WithoutADriverConstructionFailsClearly) {
         mha::reference::make_module(p, Device::cuda);
         FAIL() << "no error without a CUDA driver";
     } catch (const mha::Error &e) {
-        EXPECT_STREQ(e.what(), "no CUDA driver found: libcuda.so could not be loaded");
+        EXPECT_STREQ(e.what(), "no cuda driver found: libcuda.so.1 could not be loaded");
     }
 }
 
@@ -187,7 +176,7 @@ TEST(Cuda, MatchesReference) {
         GTEST_SKIP() << "no CUDA driver: the CUDA kernels are compiled and linked, not run";
     }
     for (const GpuCase &c : kGpuCases) {
-        Problem p = mha::reference::random_problem(c.dims, fresh_seed(), c.self_attention);
+        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
         const auto module = mha::reference::make_module(p, Device::cuda);
         expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
     }

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <random>
+#include <string>
 
+#include "mha_contract.h"
 #include "reference.h"
+#include "test_seed.h"
 
 TEST(IsaCap, DispatchRunsTheCappedInstructionSet) {
     const char *cap = std::getenv("MHA_CPU_ISA");
@@ -14,12 +16,33 @@ TEST(IsaCap, DispatchRunsTheCappedInstructionSet) {
     for (const mha::reference::Dims d : {mha::reference::Dims{2, 5, 5, 40, 4},      // small
                                          mha::reference::Dims{3, 100, 100, 24, 2},  // medium
                                          mha::reference::Dims{1, 1100, 7, 16, 2}}) {  // large
-        const auto p = mha::reference::random_problem(d, std::random_device{}(), true);
-        std::vector<float> out(d.batch * d.query_len * d.embed_dim);
-        mha::reference::make_module(p).forward(
-            mha::reference::query_view(p), mha::reference::key_view(p),
-            mha::reference::value_view(p), {out.data(), {d.batch, d.query_len, d.embed_dim}});
+        const auto p = mha::reference::random_problem(d, mha::testing::next_seed(),
+                                                      d.query_len == d.key_len);
+        const auto module = mha::reference::make_module(p);
+        const std::vector<float> out = mha::reference::run_module(module, p, false).output;
         EXPECT_EQ(mha::dispatched_isa(), cap);
+        const std::string kernel =
+            module.kernel_name(mha::reference::query_view(p), mha::reference::key_view(p),
+                               mha::reference::value_view(p));
+        EXPECT_NE(kernel.find("_cpu_" + std::string(cap) + "_"), std::string::npos) << kernel;
         EXPECT_LT(mha::reference::relative_l2(out, mha::reference::forward(p).output), 1e-5);
     }
+}
+
+// Run with MHA_CPU_ISA naming no instruction set (ctest does): an error naming the allowed ones.
+TEST(IsaCap, UnknownNameIsAnError) {
+    const char *cap = std::getenv("MHA_CPU_ISA");
+    if (cap == nullptr || mha::contract::cpu_isa_index(cap)) {
+        GTEST_SKIP() << "this test runs with MHA_CPU_ISA naming no instruction set";
+    }
+    const std::string expected = "MHA_CPU_ISA is '" + std::string(cap) +
+                                 "', which is not one of avx512, avx2, sse41";
+    const auto p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
+    try {
+        mha::reference::make_module(p);
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_EQ(e.what(), expected);
+    }
+    EXPECT_THROW(mha::dispatched_isa(), mha::Error);
 }

@@ -10,8 +10,9 @@
 #include <random>
 
 #include "HalideRuntime.h"
-#include "kernel_table.h"
+#include "halide_calls.h"
 #include "reference.h"
+#include "test_seed.h"
 #include "scratch_pool.h"
 
 namespace {
@@ -41,7 +42,7 @@ std::string best_isa_of_this_cpu() {
 }
 
 TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {
-    const Problem p = mha::reference::random_problem({1, 7, 7, 24, 3}, std::random_device{}());
+    const Problem p = mha::reference::random_problem({1, 7, 7, 24, 3}, mha::testing::next_seed());
     std::vector<float> out, w;
     run(p, false, out, w);
     const std::string after = mha::dispatched_isa();
@@ -52,7 +53,7 @@ TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {
 
 TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
     for (const Dims d : {Dims{2, 9, 9, 24, 3}, Dims{1, 1, 1, 12, 3}, Dims{3, 17, 17, 40, 1}}) {
-        const Problem p = mha::reference::random_problem(d, std::random_device{}(), true);
+        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), true);
         std::vector<float> out, w;
         run(p, true, out, w);
         EXPECT_NE(std::string(mha::detail::last_kernel_name()).find("_fused"), std::string::npos)
@@ -64,7 +65,7 @@ TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
 }
 
 TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
-    Problem fused = mha::reference::random_problem({2, 6, 6, 20, 4}, std::random_device{}(), true);
+    Problem fused = mha::reference::random_problem({2, 6, 6, 20, 4}, mha::testing::next_seed(), true);
     Problem separate = fused;
     separate.self_attention = false;  // key and value are copies of query, not the same memory
     std::vector<float> out_fused, out_separate, w;
@@ -80,17 +81,25 @@ TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
 // The CPU kernels are tuned per bucket of the largest projection's token rows, B·max(Sq, Sk):
 // one query against a long context is a large K/V GEMM, not a small one.
 TEST(ShapeBuckets, ChosenByTheLargestProjection) {
-    const std::pair<Dims, const char *> cases[] = {{Dims{2, 5, 5, 16, 2}, "_small_"},
-                                                   {Dims{1, 1, 64, 16, 2}, "_small_"},
-                                                   {Dims{1, 1, 65, 16, 2}, "_medium_"},
-                                                   {Dims{3, 300, 7, 16, 2}, "_medium_"},
-                                                   {Dims{1, 1, 1025, 16, 2}, "_large_"}};
+    const std::pair<Dims, const char *> cases[] = {{Dims{2, 5, 5, 16, 2}, "small"},
+                                                   {Dims{1, 1, 64, 16, 2}, "small"},
+                                                   {Dims{1, 1, 65, 16, 2}, "medium"},
+                                                   {Dims{3, 300, 7, 16, 2}, "medium"},
+                                                   {Dims{1, 1, 1025, 16, 2}, "large"}};
+    const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     for (const auto &[d, bucket] : cases) {
-        const Problem p = mha::reference::random_problem(d, std::random_device{}());
+        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
         std::vector<float> out, w;
         run(p, false, out, w);
-        EXPECT_NE(std::string(mha::detail::last_kernel_name()).find(bucket), std::string::npos)
-            << mha::detail::last_kernel_name();
+        const std::string ran(mha::detail::last_kernel_name());
+        const auto info = std::find_if(kernels.begin(), kernels.end(),
+                                       [&](const mha::KernelInfo &k) { return k.name == ran; });
+        ASSERT_NE(info, kernels.end()) << ran;
+        const std::vector<std::string> &serves = info->buckets;
+        EXPECT_TRUE(std::find(serves.begin(), serves.end(), bucket) != serves.end() ||
+                    serves == std::vector<std::string>{"any"})
+            << ran << " does not serve bucket " << bucket;
+        EXPECT_EQ(info->isa, mha::dispatched_isa());
         EXPECT_LT(mha::reference::relative_l2(out, mha::reference::forward(p).output), 1e-5);
     }
 }
@@ -117,7 +126,7 @@ TEST(FusedAttention, NoScoresTensorAndAllocationsIndependentOfLength) {
     // Lengths of one shape bucket (B·max(Sq, Sk) in 65..1024), so that one kernel serves them all.
     for (const int64_t S : {128, 512, 1024}) {
         const Dims d{1, S, S, 64, 2};
-        const Problem p = mha::reference::random_problem(d, std::random_device{}());
+        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
         std::vector<float> out, w;
         run(p, false, out, w);  // warm-up: Halide's thread pool allocates on first use
         AllocationLog::reset();
@@ -144,22 +153,22 @@ TEST(ScratchPool, FreedBlocksAreReusedAligned) {
     using mha::detail::scratch_release;
     // A size no kernel of these tests allocates, so that no other free block fits it.
     const size_t bytes = 7777777;
-    void *first = scratch_allocate(nullptr, bytes);
+    void *first = scratch_allocate(bytes);
     ASSERT_NE(first, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(first) % 128, 0u);
-    scratch_release(nullptr, first);
-    void *again = scratch_allocate(nullptr, bytes);
+    scratch_release(first);
+    void *again = scratch_allocate(bytes);
     EXPECT_EQ(again, first);
     // A block more than twice the request is not handed out for it.
-    void *small = scratch_allocate(nullptr, bytes / 4);
+    void *small = scratch_allocate(bytes / 4);
     EXPECT_NE(small, first);
-    scratch_release(nullptr, again);
-    scratch_release(nullptr, small);
+    scratch_release(again);
+    scratch_release(small);
     EXPECT_LE(mha::detail::scratch_cached_bytes(), mha::detail::kMaxCachedBytes);
 }
 
 TEST(ScratchPool, RepeatedCallsAllocateNothingNew) {
-    const Problem p = mha::reference::random_problem({2, 37, 37, 64, 2}, std::random_device{}(), true);
+    const Problem p = mha::reference::random_problem({2, 37, 37, 64, 2}, mha::testing::next_seed(), true);
     std::vector<float> out, w;
     run(p, false, out, w);
     const size_t after_first = mha::detail::scratch_cached_bytes();

@@ -13,6 +13,7 @@
 #include "mha_scaled_scores.h"
 #include "mha_split_heads.h"
 #include "reference.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -38,8 +39,6 @@ Buffer<T> view(std::vector<T> &data, std::vector<int> torch_shape) {
     return Buffer<T>(data.data(), halide_shape);
 }
 
-uint64_t fresh_seed() { return std::random_device{}(); }
-
 const Dims kStageDims[] = {{1, 1, 1, 1, 1}, {2, 5, 7, 12, 3}, {3, 13, 11, 20, 4},
                            {1, 17, 3, 9, 1}, {2, 6, 19, 64, 2}};
 
@@ -48,9 +47,9 @@ class Stages : public ::testing::TestWithParam<Dims> {};
 TEST_P(Stages, LinearProjection) {
     const Dims d = GetParam();
     const int64_t E = d.embed_dim, rows = d.batch * d.query_len;
-    auto x = random_floats(rows * E, fresh_seed());
-    auto w = random_floats(E * E, fresh_seed());  // [out, in]
-    auto bias = random_floats(E, fresh_seed());
+    auto x = random_floats(rows * E, mha::testing::next_seed());
+    auto w = random_floats(E * E, mha::testing::next_seed());  // [out, in]
+    auto bias = random_floats(E, mha::testing::next_seed());
     std::vector<float> w_t(E * E);
     for (int64_t o = 0; o < E; o++)
         for (int64_t i = 0; i < E; i++) w_t[i * E + o] = w[o * E + i];
@@ -68,7 +67,7 @@ TEST_P(Stages, LinearProjection) {
 TEST_P(Stages, SplitHeadsLayoutIsBHSd) {
     const Dims d = GetParam();
     const int64_t B = d.batch, S = d.query_len, H = d.num_heads, hd = d.head_dim();
-    auto x = random_floats(B * S * d.embed_dim, fresh_seed());
+    auto x = random_floats(B * S * d.embed_dim, mha::testing::next_seed());
     std::vector<float> heads(x.size());
     auto xb = view(x, {int(B), int(S), int(d.embed_dim)});
     auto hb = view(heads, {int(B), int(H), int(S), int(hd)});
@@ -85,7 +84,7 @@ TEST_P(Stages, SplitHeadsLayoutIsBHSd) {
 TEST_P(Stages, MergeHeadsIsTheInverseOfSplit) {
     const Dims d = GetParam();
     const int64_t B = d.batch, S = d.query_len, H = d.num_heads, hd = d.head_dim();
-    auto heads = random_floats(B * H * S * hd, fresh_seed());
+    auto heads = random_floats(B * H * S * hd, mha::testing::next_seed());
     std::vector<float> merged(heads.size());
     auto hb = view(heads, {int(B), int(H), int(S), int(hd)});
     auto mb = view(merged, {int(B), int(S), int(d.embed_dim)});
@@ -103,8 +102,8 @@ TEST_P(Stages, ScaledScores) {
     const Dims d = GetParam();
     const int64_t B = d.batch, H = d.num_heads, Sq = d.query_len, Sk = d.key_len;
     const int64_t hd = d.head_dim();
-    auto q = random_floats(B * H * Sq * hd, fresh_seed());
-    auto k = random_floats(B * H * Sk * hd, fresh_seed());
+    auto q = random_floats(B * H * Sq * hd, mha::testing::next_seed());
+    auto k = random_floats(B * H * Sk * hd, mha::testing::next_seed());
     std::vector<float> scores(B * H * Sq * Sk);
     auto qb = view(q, {int(B), int(H), int(Sq), int(hd)});
     auto kb = view(k, {int(B), int(H), int(Sk), int(hd)});
@@ -120,12 +119,12 @@ TEST_P(Stages, ScaledScores) {
 TEST_P(Stages, MaskedSoftmaxEveryKind) {
     const Dims d = GetParam();
     const int64_t B = d.batch, H = d.num_heads, Sq = d.query_len, Sk = d.key_len;
-    auto scores = random_floats(B * H * Sq * Sk, fresh_seed());
+    auto scores = random_floats(B * H * Sq * Sk, mha::testing::next_seed());
     for (float &s : scores) {
         s *= 10;  // a wide range exercises the max subtraction
     }
     std::vector<uint8_t> mask(Sq * Sk);
-    std::mt19937_64 rng(fresh_seed());
+    std::mt19937_64 rng(mha::testing::next_seed());
     for (uint8_t &m : mask) {
         m = rng() % 3 == 0;
     }
@@ -155,8 +154,8 @@ TEST_P(Stages, AttendValues) {
     const Dims d = GetParam();
     const int64_t B = d.batch, H = d.num_heads, Sq = d.query_len, Sk = d.key_len;
     const int64_t hd = d.head_dim();
-    auto w = random_floats(B * H * Sq * Sk, fresh_seed());
-    auto v = random_floats(B * H * Sk * hd, fresh_seed());
+    auto w = random_floats(B * H * Sq * Sk, mha::testing::next_seed());
+    auto v = random_floats(B * H * Sk * hd, mha::testing::next_seed());
     std::vector<float> context(B * H * Sq * hd);
     auto wb = view(w, {int(B), int(H), int(Sq), int(Sk)});
     auto vb = view(v, {int(B), int(H), int(Sk), int(hd)});

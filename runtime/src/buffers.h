@@ -1,44 +1,36 @@
-// halide_buffer_t views over caller or module memory, on the host or on a GPU.
+// Halide buffers over caller or module memory, never owning the host memory; on a GPU they own
+// the device allocations they receive (uploads, wrapped handles) and release them when the last
+// copy goes.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <vector>
 
-#include "HalideRuntime.h"
+#include "HalideBuffer.h"
 #include "mha/mha.h"
 
 namespace mha::detail {
 
-std::vector<int64_t> dense_strides(const std::vector<int64_t> &shape);
+using HostBuffer = Halide::Runtime::Buffer<void>;
 
-// A halide_buffer_t over existing memory; shape and strides outermost first. It never owns the
-// host memory; a device allocation it receives (upload, wrap) is released by its owner.
-class BufferView {
-public:
-    BufferView(const void *data, halide_type_t type, const std::vector<int64_t> &shape,
-               const std::vector<int64_t> &strides);
-    BufferView(const BufferView &) = delete;
-    BufferView &operator=(const BufferView &) = delete;
-
-    halide_buffer_t *raw() { return &buffer_; }
-
-private:
-    std::array<halide_dimension_t, 4> dims_{};
-    halide_buffer_t buffer_{};
-};
+// Over `data` of `type`, with shape and strides (in elements) outermost first, as PyTorch lists
+// them; Halide lists dimensions innermost first.
+HostBuffer view_buffer(const void *data, halide_type_t type, const std::vector<int64_t> &shape,
+                       const std::vector<int64_t> &strides);
 
 // A dense row-major tensor.
 template <typename T>
-struct DenseView : BufferView {
-    explicit DenseView(const TensorView<T> &t)
-        : BufferView(t.data, halide_type_of<std::remove_const_t<T>>(), t.shape,
-                     dense_strides(t.shape)) {}
-};
+HostBuffer dense_buffer(const TensorView<T> &t) {
+    std::vector<int64_t> strides(t.shape.size());
+    int64_t stride = 1;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+        strides[d] = stride;
+        stride *= t.shape[d];
+    }
+    return view_buffer(t.data, halide_type_of<std::remove_const_t<T>>(), t.shape, strides);
+}
 
-// A mask as a [B, H, Sq, Sk] view, broadcast dimensions given stride 0.
-struct MaskView : BufferView {
-    MaskView(const Mask &mask, const std::vector<int64_t> &full);
-};
+// A mask as a [B, H, Sq, Sk] (= `full`) buffer: broadcast dimensions get stride 0.
+HostBuffer mask_buffer(const Mask &mask, const std::vector<int64_t> &full);
 
 }  // namespace mha::detail

@@ -1,44 +1,28 @@
-// GPU devices through Halide's runtime: driver checks, uploads, wrapping caller device memory,
-// copies back. Every Halide call passes a user_context, so its errors reach the caller.
+// GPU devices through Halide's runtime: the linked component and its driver, uploads, wrapping
+// caller device memory, copies back. Every Halide call passes a CallContext, so its errors reach
+// the caller.
 #pragma once
 
-#include <memory>
-#include <string>
-#include <vector>
+#include <cstdint>
 
-#include "HalideRuntime.h"
+#include "buffers.h"
+#include "halide_calls.h"
 #include "kernel_table.h"
-#include "mha/mha.h"
 
 namespace mha::detail {
 
-const char *device_name(Device device);
+// The linked component of a GPU `device`, its driver loadable; throws mha::Error saying what is
+// missing (the component library, or the driver).
+const KernelComponent &gpu_component(Device device);
 
-// Halide's interface for `device`; throws mha::Error when its driver cannot be loaded.
-const halide_device_interface_t *device_interface(Device device);
+// Makes `buffer` usable by a kernel on the component's device for one call: wraps
+// `device_handle` when it is set, else copies the host data in (`is_input`) or allocates device
+// memory for the kernel to write. The buffer releases what it received when destroyed.
+void place_on_device(HostBuffer &buffer, uint64_t device_handle, bool is_input,
+                     const KernelComponent &component, CallContext &context);
 
-// The buffers of one forward call on a device: host tensors are copied in and out (marked
-// host-dirty, which Halide needs to copy them at all), device tensors are wrapped without
-// copies. Releases every device allocation it made when destroyed.
-class DeviceCall {
-public:
-    DeviceCall(Device device, CallContext &context);
-    ~DeviceCall();
-    DeviceCall(const DeviceCall &) = delete;
-    DeviceCall &operator=(const DeviceCall &) = delete;
-
-    // An input: wrapped when `device_handle` is set, else its host memory is copied in.
-    void input(halide_buffer_t *buffer, uint64_t device_handle);
-    // An output: wrapped when `device_handle` is set, else copied back by finish().
-    void output(halide_buffer_t *buffer, uint64_t device_handle);
-    // After the kernel: copies host outputs back.
-    void finish();
-
-private:
-    Device device_;
-    CallContext &context_;
-    const halide_device_interface_t *interface_;
-    std::vector<halide_buffer_t *> wrapped_, allocated_, host_outputs_;
-};
+// After the kernel: copies an output the kernel wrote on the device back to host memory, unless
+// the caller passed device memory.
+void copy_output_to_host(HostBuffer &buffer, uint64_t device_handle, CallContext &context);
 
 }  // namespace mha::detail

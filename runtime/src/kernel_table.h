@@ -1,62 +1,79 @@
-// The ahead-of-time compiled forward-pass variants, one per row of the build's variant table.
+// The ahead-of-time compiled forward kernels linked into the program, one table per device
+// (kernels/<device>_kernels.cpp, written by the configure step from the contract), and the
+// compile-time check that each kernel takes the arguments the contract gives its variant.
 #pragma once
 
+#include <array>
 #include <cstddef>
-#include <vector>
-#include <string>
+#include <cstdint>
+#include <string_view>
 
 #include "HalideRuntime.h"
-#include "kernel_abi.h"
+#include "halide_types.h"
 #include "mha/mha.h"
+#include "mha_contract.h"
 
 namespace mha::detail {
 
-enum class MaskKind { none, keep, block };
-
 struct ForwardKernel {
+    std::string_view name;
     Device device;
-    ShapeBucket bucket;
-    MaskKind mask_kind;
-    bool returns_weights;
-    bool fused_qkv;  // self-attention: query = key = value, one QKV projection
-    int (*call)(void **args);  // Halide's _argv entry point
-    const halide_filter_metadata_t *(*metadata)();
+    int isa;  // index into contract::kCpuIsas; -1 on GPUs
+    contract::BucketSet buckets;
+    contract::ForwardVariant variant;
+    int (*call_argv)(void **args);  // Halide's _argv entry point: user_context, then arguments
 };
 
-// The kernel for a call whose largest projection has `token_rows` = B·max(Sq, Sk); null when
-// the build has no such variant.
-const ForwardKernel *find_forward_kernel(Device device, int64_t token_rows, MaskKind mask_kind,
-                                         bool returns_weights, bool fused_qkv);
-
-// Collects the error messages of the Halide calls made with it as their user_context.
-struct CallContext {
-    std::string error;
+// One device's kernels; GPU devices come as separately linked components.
+struct KernelComponent {
+    Device device;
+    const ForwardKernel *kernels;
+    size_t count;
+    const halide_device_interface_t *(*device_interface)();  // null on the CPU
 };
 
-// Throws mha::Error("<what> failed (Halide error N): <messages>") when `result` is non-zero.
-void check_halide(int result, const CallContext &context, const std::string &what);
+// The CPU kernels (always linked), and a GPU device's component, or null when the program was
+// not linked with it.
+const KernelComponent &cpu_kernels();
+const KernelComponent *linked_component(Device device);
 
-// Once per process: routes Halide's error messages to the call that raised them (through
-// user_context) instead of printing them, and observes which compiled target Halide's run-time
-// dispatch picks. Replaces the process-wide halide_error and can_use_target_features hooks.
-void install_runtime_hooks();
+// The kernel of `component` for a call of `variant` whose largest projection has `token_rows`,
+// on CPU instruction set `isa` (ignored on GPUs); null when the build has none.
+const ForwardKernel *find_forward_kernel(const KernelComponent &component, int isa,
+                                         int64_t token_rows,
+                                         const contract::ForwardVariant &variant);
 
-// The instruction set ("avx512", "avx2", "sse41") of the kernel that Halide's dispatch last
-// chose in this process; empty before any.
-const char *dispatched_isa();
+constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind kind) {
+    switch (kind) {
+    case contract::ArgKind::input_buffer:
+        return HalideFunctionInfo::InputBuffer;
+    case contract::ArgKind::input_scalar:
+        return HalideFunctionInfo::InputScalar;
+    case contract::ArgKind::output_buffer:
+        return HalideFunctionInfo::OutputBuffer;
+    }
+    return HalideFunctionInfo::InputScalar;
+}
 
-// The name of the kernel the last call_kernel on this thread ran.
-const char *last_kernel_name();
-
-struct NamedArgument {
-    const char *name;
-    void *value;  // halide_buffer_t* for buffers, a pointer to the value for scalars
-};
-
-// Calls a kernel through its argv entry point, binding arguments by their metadata names and
-// `context` as its user_context; a failure inside the kernel raises mha::Error with Halide's
-// message.
-void call_kernel(const ForwardKernel &kernel, CallContext &context,
-                 const std::vector<NamedArgument> &named);
+// Whether a generated kernel's arguments (its function_info header) are the user_context and
+// then exactly the contract's arguments of `variant`: same names, order, kinds, ranks, types.
+template <size_t N>
+constexpr bool takes_contract_arguments(
+    const std::array<HalideFunctionInfo::ArgumentInfo, N> &info,
+    const contract::ForwardVariant &variant) {
+    const contract::ArgList args = contract::forward_arguments(variant);
+    if (N != args.size() + 1 || info[0].name != "__user_context") {
+        return false;
+    }
+    for (size_t i = 0; i < args.size(); i++) {
+        const contract::ArgSpec &want = contract::arg(args[i]);
+        const HalideFunctionInfo::ArgumentInfo &got = info[i + 1];
+        if (got.name != want.name || got.kind != function_info_kind(want.kind) ||
+            got.dimensions != want.rank || got.type != contract::halide_type(want.type)) {
+            return false;
+        }
+    }
+    return true;
+}
 
 }  // namespace mha::detail

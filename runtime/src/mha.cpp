@@ -6,20 +6,18 @@
 #include <algorithm>
 #include <limits>
 
-#include "HalideRuntime.h"
 #include "buffers.h"
+#include "cpu_isa.h"
 #include "device.h"
-#include "kernel_abi.h"
+#include "halide_calls.h"
 #include "kernel_table.h"
 #include "packed_weights.h"
 
 namespace mha {
 namespace {
 
-using detail::DenseView;
-using detail::ForwardKernel;
-using detail::MaskKind;
-using detail::MaskView;
+using contract::ArgId;
+using contract::MaskKind;
 
 // Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
 constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
@@ -94,7 +92,23 @@ void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 
+// The device component a module runs on: the CPU's (after settling its instruction set), or a
+// linked GPU library's.
+const detail::KernelComponent *component_for(Device device) {
+    if (device == Device::cpu) {
+        detail::cpu_isa();  // an unusable MHA_CPU_ISA is an error at construction
+        return &detail::cpu_kernels();
+    }
+    return &detail::gpu_component(device);
+}
+
 }  // namespace
+
+// What one call runs, after its arguments are checked.
+struct MultiHeadAttention::Call {
+    const detail::ForwardKernel *kernel;
+    std::vector<int64_t> weights_shape;  // [B, H, Sq, Sk]
+};
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                                        const Linear &k_proj, const Linear &v_proj,
@@ -112,7 +126,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                                 num_heads));
     }
     const int64_t E = embed_dim;
-    if (3 * padded_features(E, num_heads) * E >
+    if (contract::kQkvProjections * contract::padded_features(E, E / num_heads) * E >
         kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
         throw Error(fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
                                 "bytes a kernel addresses",
@@ -127,12 +141,15 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                          {E});
         }
     }
-    packed_ = std::make_shared<const detail::PackedWeights>(E, num_heads, linears, device);
+    const detail::KernelComponent *component = component_for(device);
+    packed_ = std::make_shared<const detail::PackedWeights>(
+        E, num_heads, linears, device == Device::cpu ? nullptr : component);
 }
 
-void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
-                                 const MutableTensor &output, const std::optional<Mask> &mask,
-                                 const std::optional<MutableTensor> &weights) const {
+MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
+                                                     const Tensor &value,
+                                                     const std::optional<Mask> &mask,
+                                                     bool with_weights) const {
     const char *layout = "[batch, sequence, embed_dim]";
     check_view("query", query, 3, layout);
     check_view("key", key, 3, layout);
@@ -152,86 +169,118 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     if (value.shape[1] != Sk) {
         throw Error(fmt::format("key has {} rows but value has {}", Sk, value.shape[1]));
     }
-    check_tensor("output", output, {B, Sq, E});
     if (device_ == Device::cpu) {
         for (const auto &[name, handle] :
              {std::pair{"query", query.device_handle}, {"key", key.device_handle},
-              {"value", value.device_handle}, {"output", output.device_handle},
-              {"weights", weights ? weights->device_handle : 0},
-              {"mask", mask ? mask->values.device_handle : 0}}) {
+              {"value", value.device_handle}, {"mask", mask ? mask->values.device_handle : 0}}) {
             if (handle != 0) {
                 throw Error(fmt::format("{} has a device_handle but the module runs on the cpu",
                                         name));
             }
         }
     }
-    const std::vector<int64_t> weights_shape = {B, H, Sq, Sk};
+    Call call{nullptr, {B, H, Sq, Sk}};
+    contract::ForwardVariant variant;
+    if (mask) {
+        check_mask(*mask, call.weights_shape);
+        variant.mask_kind =
+            mask->convention == MaskConvention::keep ? MaskKind::keep : MaskKind::block;
+    }
+    variant.returns_weights = with_weights;
+    // Self-attention on one tensor takes the fused QKV projection.
+    variant.fused_qkv = query.data == key.data && query.data == value.data &&
+                        query.device_handle == key.device_handle &&
+                        query.device_handle == value.device_handle &&
+                        query.shape == key.shape && query.shape == value.shape;
+    const detail::KernelComponent &component = *component_for(device_);
+    const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
+    call.kernel = detail::find_forward_kernel(component, isa, B * std::max(Sq, Sk), variant);
+    if (call.kernel == nullptr) {
+        throw Error(fmt::format("internal error: the {} kernels have no variant for this call",
+                                contract::device_name(device_)));
+    }
+    return call;
+}
+
+std::string MultiHeadAttention::kernel_name(const Tensor &query, const Tensor &key,
+                                            const Tensor &value, const std::optional<Mask> &mask,
+                                            bool with_weights) const {
+    return std::string(prepare(query, key, value, mask, with_weights).kernel->name);
+}
+
+void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
+                                 const MutableTensor &output, const std::optional<Mask> &mask,
+                                 const std::optional<MutableTensor> &weights) const {
+    const Call call = prepare(query, key, value, mask, weights.has_value());
+    const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
+    check_tensor("output", output, {B, Sq, E});
     if (weights) {
         check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
-        check_tensor("weights", *weights, weights_shape);
+        check_tensor("weights", *weights, call.weights_shape);
     }
-    MaskKind mask_kind = MaskKind::none;
-    if (mask) {
-        check_mask(*mask, weights_shape);
-        mask_kind = mask->convention == MaskConvention::keep ? MaskKind::keep : MaskKind::block;
-    }
-    // Self-attention on one tensor takes the fused QKV projection.
-    const bool fused = query.data == key.data && query.data == value.data &&
-                       query.device_handle == key.device_handle &&
-                       query.device_handle == value.device_handle && query.shape == key.shape &&
-                       query.shape == value.shape;
-    const ForwardKernel *kernel = detail::find_forward_kernel(
-        device_, B * std::max(Sq, Sk), mask_kind, weights.has_value(), fused);
-    if (kernel == nullptr) {
-        throw Error(fmt::format("this build has no {} kernels (see MHA_GPU_KERNELS)",
-                                detail::device_name(device_)));
+    if (device_ == Device::cpu) {
+        for (const auto &[name, handle] : {std::pair{"output", output.device_handle},
+                                           {"weights", weights ? weights->device_handle : 0}}) {
+            if (handle != 0) {
+                throw Error(fmt::format("{} has a device_handle but the module runs on the cpu",
+                                        name));
+            }
+        }
     }
 
-    DenseView<const float> q(query), k(key), v(value);
-    DenseView<float> out(output);
-    std::optional<MaskView> mask_view;
+    // Buffers for every argument the variant takes; the kernel reads them in contract order.
+    detail::HostBuffer q = detail::dense_buffer(query), k = detail::dense_buffer(key);
+    detail::HostBuffer v = detail::dense_buffer(value), out = detail::dense_buffer(output);
+    detail::HostBuffer mask_buffer, weights_buffer;
+    detail::ArgValues values{};
+    values[size_t(ArgId::query)] = q.raw_buffer();
+    values[size_t(ArgId::key)] = k.raw_buffer();
+    values[size_t(ArgId::value)] = v.raw_buffer();
+    values[size_t(ArgId::output)] = out.raw_buffer();
     if (mask) {
-        mask_view.emplace(*mask, weights_shape);
+        mask_buffer = detail::mask_buffer(*mask, call.weights_shape);
+        values[size_t(ArgId::mask)] = mask_buffer.raw_buffer();
     }
-    std::optional<DenseView<float>> weights_view;
     if (weights) {
-        weights_view.emplace(*weights);
+        weights_buffer = detail::dense_buffer(*weights);
+        values[size_t(ArgId::weights)] = weights_buffer.raw_buffer();
     }
+    int32_t head_dim = static_cast<int32_t>(E / num_heads_);
+    values[size_t(ArgId::head_dim)] = &head_dim;
+    for (size_t id = 0; id < contract::kArgCount; id++) {
+        if (packed_->buffers[id]) {
+            // Kernels only read the weights: one prepacked copy serves concurrent calls.
+            values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
+        }
+    }
+
     detail::CallContext context;
-    std::optional<detail::DeviceCall> on_device;
     if (device_ != Device::cpu) {
-        on_device.emplace(device_, context);
-        on_device->input(q.raw(), query.device_handle);
-        if (!fused) {
-            on_device->input(k.raw(), key.device_handle);
-            on_device->input(v.raw(), value.device_handle);
+        const detail::KernelComponent &component = *component_for(device_);
+        detail::place_on_device(q, query.device_handle, true, component, context);
+        if (!call.kernel->variant.fused_qkv) {
+            detail::place_on_device(k, key.device_handle, true, component, context);
+            detail::place_on_device(v, value.device_handle, true, component, context);
         }
-        if (mask_view) {
-            on_device->input(mask_view->raw(), mask->values.device_handle);
+        if (mask) {
+            detail::place_on_device(mask_buffer, mask->values.device_handle, true, component,
+                                    context);
         }
-        on_device->output(out.raw(), output.device_handle);
-        if (weights_view) {
-            on_device->output(weights_view->raw(), weights->device_handle);
+        detail::place_on_device(out, output.device_handle, false, component, context);
+        if (weights) {
+            detail::place_on_device(weights_buffer, weights->device_handle, false, component,
+                                    context);
         }
     }
-    int32_t head_dim = static_cast<int32_t>(E / H);
-    std::vector<detail::NamedArgument> named = {
-        {"query", q.raw()},
-        {"key", k.raw()},
-        {"value", v.raw()},
-        {"head_dim", &head_dim},
-        {"mask", mask_view ? mask_view->raw() : nullptr},
-        {"weights", weights_view ? weights_view->raw() : nullptr},
-        {"output", out.raw()}};
-    for (const auto &w : packed_->views) {
-        named.push_back({w.name, w.view->raw()});
-    }
-    detail::call_kernel(*kernel, context, named);
-    if (on_device) {
-        on_device->finish();
+    detail::call_kernel(*call.kernel, context, values);
+    if (device_ != Device::cpu) {
+        detail::copy_output_to_host(out, output.device_handle, context);
+        if (weights) {
+            detail::copy_output_to_host(weights_buffer, weights->device_handle, context);
+        }
     }
 }
 
-std::string dispatched_isa() { return detail::dispatched_isa(); }
+std::string dispatched_isa() { return std::string(contract::kCpuIsas[detail::cpu_isa()].name); }
 
 }  // namespace mha

@@ -1,12 +1,13 @@
 #include "packed_weights.h"
 
-#include <fmt/format.h>
 
 #include "device.h"
-#include "kernel_abi.h"
 
 namespace mha::detail {
 namespace {
+
+using contract::ArgId;
+using contract::kWeightPanel;
 
 // Writes Wᵀ of one nn.Linear as output features [column, column + E) of a panel-major block of
 // `panels` x [E, kWeightPanel], and its bias at the same offset.
@@ -24,55 +25,47 @@ void pack_linear(const Linear &lin, int64_t E, int64_t column, std::vector<float
 
 }  // namespace
 
-PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4], Device dev)
-    : embed_dim(E), padded(padded_features(E, num_heads)), device(dev) {
+PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4],
+                             const KernelComponent *gpu)
+    : embed_dim(E), padded(contract::padded_features(E, E / num_heads)) {
     const int64_t P = padded;
-    qkv_panels.assign(3 * P * E, 0.0f);
-    qkv_bias.assign(3 * P, 0.0f);
-    for (int p = 0; p < 3; p++) {
-        pack_linear(*linears[p], E, p * P, qkv_panels, qkv_bias);
+    const int projections = contract::kQkvProjections;
+    qkv_panels.assign(projections * P * E, 0.0f);
+    qkv_bias.assign(projections * P, 0.0f);
+    for (int p = 0; p < projections; p++) {
+        pack_linear(*linears[p], E, contract::qkv_block_offset(p, P), qkv_panels, qkv_bias);
     }
     out_panels.assign(P * E, 0.0f);
     out_bias.assign(P, 0.0f);
     pack_linear(*linears[3], E, 0, out_panels, out_bias);
 
     const auto f32 = halide_type_of<float>();
-    const auto panels = [&](const char *name, const float *first, int64_t features) {
-        views.push_back({name, std::make_unique<BufferView>(
-                                   first, f32, std::vector<int64_t>{features / kWeightPanel, E, kWeightPanel},
-                                   std::vector<int64_t>{E * kWeightPanel, kWeightPanel, 1})});
+    const auto panels = [&](ArgId id, const float *first, int64_t features) {
+        buffers[size_t(id)] = view_buffer(first, f32, {features / kWeightPanel, E, kWeightPanel},
+                                          {E * kWeightPanel, kWeightPanel, 1});
     };
-    const auto row = [&](const char *name, const float *first, int64_t features) {
-        views.push_back({name, std::make_unique<BufferView>(first, f32, std::vector<int64_t>{features},
-                                                            std::vector<int64_t>{1})});
+    const auto row = [&](ArgId id, const float *first, int64_t features) {
+        buffers[size_t(id)] = view_buffer(first, f32, {features}, {1});
     };
-    panels("qkv_weight", qkv_panels.data(), 3 * P);
-    row("qkv_bias", qkv_bias.data(), 3 * P);
-    const char *const weight_names[3] = {"q_weight", "k_weight", "v_weight"};
-    const char *const bias_names[3] = {"q_bias", "k_bias", "v_bias"};
-    for (int p = 0; p < 3; p++) {
-        panels(weight_names[p], qkv_panels.data() + p * P * E, P);
-        row(bias_names[p], qkv_bias.data() + p * P, P);
+    panels(ArgId::qkv_weight, qkv_panels.data(), projections * P);
+    row(ArgId::qkv_bias, qkv_bias.data(), projections * P);
+    const ArgId weight_ids[] = {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight};
+    const ArgId bias_ids[] = {ArgId::q_bias, ArgId::k_bias, ArgId::v_bias};
+    for (int p = 0; p < projections; p++) {
+        const int64_t offset = contract::qkv_block_offset(p, P);
+        panels(weight_ids[p], qkv_panels.data() + offset * E, P);
+        row(bias_ids[p], qkv_bias.data() + offset, P);
     }
-    panels("out_weight", out_panels.data(), P);
-    row("out_bias", out_bias.data(), P);
+    panels(ArgId::out_weight, out_panels.data(), P);
+    row(ArgId::out_bias, out_bias.data(), P);
 
-    if (device != Device::cpu) {
-        const halide_device_interface_t *interface = device_interface(device);
-        CallContext context;
-        for (Named &n : views) {
-            halide_buffer_t *b = n.view->raw();
-            b->flags |= halide_buffer_flag_host_dirty;
-            check_halide(halide_copy_to_device(&context, b, interface), context,
-                         fmt::format("uploading {} to the {} device", n.name, device_name(device)));
+    if (gpu != nullptr) {
+        for (std::optional<HostBuffer> &b : buffers) {
+            if (b) {
+                CallContext context;
+                place_on_device(*b, 0, /*is_input=*/true, *gpu, context);
+            }
         }
-    }
-}
-
-PackedWeights::~PackedWeights() {
-    CallContext context;
-    for (Named &n : views) {
-        halide_device_free(&context, n.view->raw());
     }
 }
 

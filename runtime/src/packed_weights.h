@@ -1,10 +1,11 @@
-// The module's weights, prepacked once for the kernels: Wᵀ in panels of kWeightPanel output
-// features (each panel contiguous over all input features, which a GEMM streams in order),
-// zero-padded to padded_features(E, H) per projection, with q, k and v side by side for the
-// fused QKV projection. On a GPU, each view holds its device copy.
+// The module's weights, prepacked once for the kernels: Wᵀ in panels of contract::kWeightPanel
+// output features (each panel contiguous over all input features, which a GEMM streams in
+// order), zero-padded to contract::padded_features(E, d) per projection, with q, k and v
+// stacked for the fused QKV projection. On a GPU, each buffer holds its device copy.
 #pragma once
 
-#include <memory>
+#include <array>
+#include <optional>
 #include <vector>
 
 #include "buffers.h"
@@ -13,20 +14,15 @@
 namespace mha::detail {
 
 struct PackedWeights {
-    PackedWeights(int64_t embed_dim, int64_t num_heads, const Linear *linears[4], Device device);
-    ~PackedWeights();
-    PackedWeights(const PackedWeights &) = delete;
-    PackedWeights &operator=(const PackedWeights &) = delete;
+    // Uploads to `gpu` when given.
+    PackedWeights(int64_t embed_dim, int64_t num_heads, const Linear *linears[4],
+                  const KernelComponent *gpu);
 
     int64_t embed_dim, padded;
-    Device device;
     std::vector<float> qkv_panels, qkv_bias, out_panels, out_bias;
-    // The kernels' arguments, by name (qkv_weight, qkv_bias, q_weight, ..., out_bias).
-    struct Named {
-        const char *name;
-        std::unique_ptr<BufferView> view;
-    };
-    std::vector<Named> views;
+    // The kernels' weight arguments (q_weight, ..., qkv_weight, qkv_bias, out_bias), by id;
+    // empty for the other arguments.
+    std::array<std::optional<HostBuffer>, contract::kArgCount> buffers;
 };
 
 }  // namespace mha::detail

@@ -27,7 +27,7 @@ Pool &pool() {
 
 }  // namespace
 
-void *scratch_allocate(void *, size_t bytes) {
+void *scratch_allocate(size_t bytes) {
     // Whole alignment units, at least one (a zero-byte request still gets a distinct block).
     const size_t size = std::max<size_t>(1, (bytes + kAlignment - 1) / kAlignment) * kAlignment;
     Pool &p = pool();
@@ -47,7 +47,7 @@ void *scratch_allocate(void *, size_t bytes) {
     return block;
 }
 
-void scratch_release(void *, void *block) {
+void scratch_release(void *block) {
     if (block == nullptr) {
         return;
     }

@@ -11,8 +11,9 @@ namespace mha::detail {
 
 inline constexpr size_t kMaxCachedBytes = size_t(256) << 20;
 
-void *scratch_allocate(void *user_context, size_t bytes);
-void scratch_release(void *user_context, void *block);
+// Halide's allocations for a library call (halide_calls.cpp routes them here).
+void *scratch_allocate(size_t bytes);
+void scratch_release(void *block);
 
 // Bytes held for reuse now, for tests.
 size_t scratch_cached_bytes();

@@ -28,7 +28,8 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-// Where a module runs its kernels.
+// Where a module runs its kernels. The CPU kernels are in the mha library itself; a program
+// that uses a GPU links that device's library too (CMake targets mha_cuda, mha_opencl).
 enum class Device {
     cpu,     // x86-64 SIMD, the best of AVX-512 / AVX2 / SSE4.1 this CPU supports
     cuda,    // NVIDIA GPUs of compute capability 8.0 or newer (A100, H100, H200, ...)
@@ -91,7 +92,17 @@ public:
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
 
+    // The name of the kernel forward() runs for these arguments (see linked_kernels()); the
+    // arguments are checked as forward() checks them.
+    std::string kernel_name(const Tensor &query, const Tensor &key, const Tensor &value,
+                            const std::optional<Mask> &mask = std::nullopt,
+                            bool with_weights = false) const;
+
 private:
+    struct Call;
+    Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
+                 const std::optional<Mask> &mask, bool with_weights) const;
+
     int64_t embed_dim_;
     int64_t num_heads_;
     Device device_;
@@ -99,10 +110,27 @@ private:
     std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
-// The instruction set of the CPU kernels that Halide's run-time dispatch chose in this process:
-// "avx512", "avx2" or "sse41" (the library carries all three and runs the best one the CPU
-// supports; it decides on a kernel's first call); empty before the first CPU forward().
-// Setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that choice.
+// The instruction set whose CPU kernels this process runs: "avx512", "avx2" or "sse41". The
+// library carries all three and runs the best one the CPU supports, as Halide's own target
+// check decides it; setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that choice.
+// Decided once per process; an MHA_CPU_ISA that names none of them raises mha::Error here and
+// in every CPU module's constructor.
 std::string dispatched_isa();
+
+// One ahead-of-time compiled kernel linked into this program.
+struct KernelInfo {
+    std::string name;  // e.g. mha_forward_cpu_avx512_small_keep_fused_weights
+    Device device;
+    std::string isa;                  // CPU instruction set; empty on GPUs
+    std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
+    std::string mask_kind;            // none | keep | block
+    bool returns_weights;
+    bool fused_qkv;
+    std::vector<std::string> arguments;  // in call order, after the user_context
+};
+
+// Every kernel linked into this program: the CPU kernels, and those of each GPU library the
+// program links (mha_cuda, mha_opencl).
+std::vector<KernelInfo> linked_kernels();
 
 }  // namespace mha

@@ -9,19 +9,11 @@
 #include <vector>
 
 #include "mha/mha.h"
+#include "mha_contract.h"
 
 namespace mha::reference {
 
-struct Dims {
-    int64_t batch, query_len, key_len, embed_dim, num_heads;
-    int64_t head_dim() const { return embed_dim / num_heads; }
-    // FLOPs of one forward pass, 2 per multiply-add: the Q and output projections over Sq rows,
-    // the K and V projections over Sk rows, then Q·Kᵀ and weights·V.
-    double forward_flops() const {
-        const double B = batch, Sq = query_len, Sk = key_len, E = embed_dim;
-        return 2 * E * E * B * (2 * Sq + 2 * Sk) + 2 * 2 * B * Sq * Sk * E;
-    }
-};
+using Dims = contract::ProblemShape;
 
 // One problem: inputs, the four nn.Linear layers, and an optional mask.
 struct Problem {

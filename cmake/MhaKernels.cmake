@@ -1,0 +1,79 @@
+# The forward kernels of the build, from the contract (contract/mha_contract.h) and the tuned
+# schedule files (schedules/tuned/<isa>.json).
+#
+# At configure time contract/emit_kernels.cpp is compiled and run (${MHA_EMITTER}): it writes
+# ${MHA_KERNELS_DIR}/kernels.cmake, one mha_forward_kernel() row per kernel, and
+# ${MHA_KERNELS_DIR}/<device>_kernels.cpp, the runtime's table of each device's kernels. A
+# missing, malformed or mismatched tuned file stops the configure step with the emitter's
+# message, which names the file.
+
+set(MHA_KERNELS_DIR ${PROJECT_BINARY_DIR}/kernels)
+
+# The code that decides what a CPU kernel computes and how: tuned files record its hash, and
+# the build warns when a tuned file was measured on other code.
+set(MHA_SCHEDULE_SOURCES
+    ${PROJECT_SOURCE_DIR}/generators/mha_stages.h
+    ${PROJECT_SOURCE_DIR}/generators/mha_forward.h
+    ${PROJECT_SOURCE_DIR}/generators/mha_generators.cpp
+    ${PROJECT_SOURCE_DIR}/schedules/cpu_schedule.h
+    ${PROJECT_SOURCE_DIR}/schedules/cpu_params.h)
+set(hashes "")
+foreach (source IN LISTS MHA_SCHEDULE_SOURCES)
+    file(SHA256 ${source} hash)
+    string(APPEND hashes ${hash})
+endforeach ()
+string(SHA256 MHA_SCHEDULE_HASH "${hashes}")
+string(SUBSTRING ${MHA_SCHEDULE_HASH} 0 16 MHA_SCHEDULE_HASH)
+
+file(GLOB tuned_files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/schedules/tuned/*.json)
+set(MHA_EMITTER_SOURCES ${PROJECT_SOURCE_DIR}/contract/emit_kernels.cpp
+                        ${PROJECT_SOURCE_DIR}/schedules/tuned_file.cpp)
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+             ${MHA_EMITTER_SOURCES} ${MHA_SCHEDULE_SOURCES} ${tuned_files}
+             ${PROJECT_SOURCE_DIR}/contract/mha_contract.h
+             ${PROJECT_SOURCE_DIR}/schedules/tuned_file.h
+             ${PROJECT_SOURCE_DIR}/tools/command_line.h)
+
+file(MAKE_DIRECTORY ${MHA_KERNELS_DIR})
+if (MHA_GPU_KERNELS)
+    set(emit_gpu 1)
+else ()
+    set(emit_gpu 0)
+endif ()
+# Compiled once, here; the tests run the same executable.
+set(MHA_EMITTER ${PROJECT_BINARY_DIR}/emit_kernels)
+try_compile(emit_compiled
+            SOURCES ${MHA_EMITTER_SOURCES}
+            CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${PROJECT_SOURCE_DIR}/contract;${PROJECT_SOURCE_DIR}/schedules;${PROJECT_SOURCE_DIR}/runtime/include;${PROJECT_SOURCE_DIR}/tools"
+            LINK_LIBRARIES nlohmann_json::nlohmann_json CLI11::CLI11
+            CXX_STANDARD 17
+            CXX_STANDARD_REQUIRED ON
+            OUTPUT_VARIABLE emit_compile_output
+            COPY_FILE ${MHA_EMITTER})
+if (NOT emit_compiled)
+    message(FATAL_ERROR "contract/emit_kernels.cpp does not compile:\n${emit_compile_output}")
+endif ()
+execute_process(COMMAND ${MHA_EMITTER} --tuned-dir ${PROJECT_SOURCE_DIR}/schedules/tuned
+                        --schedule-hash ${MHA_SCHEDULE_HASH} --gpu ${emit_gpu}
+                        --out-dir ${MHA_KERNELS_DIR}
+                RESULT_VARIABLE emit_result OUTPUT_VARIABLE emit_output ERROR_VARIABLE emit_output)
+if (NOT emit_result EQUAL 0)
+    message(FATAL_ERROR "${emit_output}")
+endif ()
+string(REGEX MATCHALL "warning: [^\n]*" emit_warnings "${emit_output}")
+foreach (warning IN LISTS emit_warnings)
+    message(WARNING "${warning}")
+endforeach ()
+
+# mha_forward_kernel(<name> DEVICE <device> TARGET <halide target> PARAMS <generator params>):
+# one row of kernels.cmake. Called in the directory that links the kernels into the libraries.
+function(mha_forward_kernel name)
+    cmake_parse_arguments(PARSE_ARGV 1 ARG "" "DEVICE;TARGET" "PARAMS")
+    add_halide_library(${name} FROM mha_generators
+                       GENERATOR mha_forward
+                       TARGETS ${ARG_TARGET}
+                       PARAMS ${ARG_PARAMS}
+                       USE_RUNTIME mha_halide_runtime
+                       FUNCTION_INFO_HEADER function_info_header)
+    set_property(GLOBAL APPEND PROPERTY MHA_${ARG_DEVICE}_KERNELS ${name})
+endfunction()

@@ -1,0 +1,247 @@
+// Run by the configure step (cmake/MhaKernels.cmake): turns the contract and the tuned schedule
+// files into the build's kernel rows and the runtime's kernel tables.
+//
+//   emit_kernels --tuned-dir schedules/tuned --schedule-hash H --gpu 1 --out-dir <build>
+//
+// writes <out-dir>/kernels.cmake, one mha_forward_kernel(...) row per kernel to compile, and
+// <out-dir>/<device>_kernels.cpp, the table of that device's kernels with a compile-time check
+// that each takes the arguments the contract gives its variant. On the CPU, the buckets of one
+// instruction set that are tuned to the same parameters share one kernel. Prints "warning: ..."
+// lines for the configure step to show; exits 1 with the reason when a tuned file is missing,
+// malformed or mismatched.
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "command_line.h"
+#include "cpu_params.h"
+#include "mha_contract.h"
+#include "tuned_file.h"
+
+namespace {
+
+using namespace mha::contract;
+
+// One kernel to compile.
+struct KernelRow {
+    std::string name;
+    mha::Device device;
+    int isa = -1;  // index into kCpuIsas, -1 on GPUs
+    BucketSet buckets = kAllBuckets;
+    ForwardVariant variant;
+    std::string target;    // Halide target, kernel features included
+    std::string schedule;  // CPU schedule parameters, "name:value,..."
+};
+
+std::string bool_name(bool b) { return b ? "true" : "false"; }
+
+std::string bucket_names(BucketSet set) {
+    if (set == kAllBuckets) {
+        return std::string(kAnyBucket);
+    }
+    std::string out;
+    for (const BucketSpec &b : kShapeBuckets) {
+        if (set & bucket_bit(b.bucket)) {
+            out += (out.empty() ? "" : "_") + std::string(b.name);
+        }
+    }
+    return out;
+}
+
+std::string kernel_name(const std::string &where, BucketSet buckets, const ForwardVariant &v) {
+    return "mha_forward_" + where + "_" + bucket_names(buckets) + "_" +
+           std::string(mask_kind_name(v.mask_kind)) + (v.fused_qkv ? "_fused" : "_separate") +
+           (v.returns_weights ? "_weights" : "");
+}
+
+std::string with_kernel_features(std::string_view target) {
+    return std::string(target) + "-" + std::string(kKernelTargetFeatures);
+}
+
+// The CPU kernel groups of one instruction set: buckets tuned to the same parameters share one.
+std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> cpu_groups(
+    const CpuIsa &isa, const std::string &tuned_dir, const std::string &schedule_hash,
+    std::vector<std::string> &warnings) {
+    std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> groups;
+    std::optional<mha::cpu::TunedFile> tuned;
+    if (isa.tuned) {
+        const std::string path = mha::cpu::tuned_file_path(tuned_dir, isa);
+        tuned = mha::cpu::read_tuned_file(path, isa);
+        std::string stale;
+        for (const mha::cpu::TunedBucket &b : tuned->buckets) {
+            if (b.schedule_hash != schedule_hash) {
+                stale += (stale.empty() ? "" : ", ") + std::string(bucket_spec(b.bucket).name) +
+                         " (code " + b.schedule_hash + ")";
+            }
+        }
+        if (!stale.empty()) {
+            warnings.push_back(path + " tuned buckets " + stale +
+                               " on other schedule code than today's (" + schedule_hash +
+                               "): the kernels are correct, but re-run mha-tune --isa " +
+                               std::string(isa.name) + " to tune them for this code");
+        }
+    }
+    for (const BucketSpec &b : kShapeBuckets) {
+        const mha::cpu::ScheduleParams params = tuned ? tuned->effective_params(isa, b.bucket)
+                                                      : mha::cpu::ScheduleParams::defaults(isa);
+        auto same = std::find_if(groups.begin(), groups.end(),
+                                 [&](const auto &g) { return g.second == params; });
+        if (same == groups.end()) {
+            groups.push_back({bucket_bit(b.bucket), params});
+        } else {
+            same->first |= bucket_bit(b.bucket);
+        }
+    }
+    return groups;
+}
+
+std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::string &schedule_hash,
+                                   bool gpu, std::vector<std::string> &warnings) {
+    std::vector<KernelRow> rows;
+    for (size_t i = 0; i < kCpuIsas.size(); i++) {
+        const CpuIsa &isa = kCpuIsas[i];
+        for (const auto &[buckets, params] : cpu_groups(isa, tuned_dir, schedule_hash, warnings)) {
+            for (const ForwardVariant &v : kForwardVariants) {
+                rows.push_back({kernel_name("cpu_" + std::string(isa.name), buckets, v),
+                                mha::Device::cpu, int(i), buckets, v,
+                                with_kernel_features(isa.halide_target), params.to_string()});
+            }
+        }
+    }
+    for (const GpuTarget &g : kGpuTargets) {
+        if (!gpu) {
+            break;
+        }
+        for (const ForwardVariant &v : kForwardVariants) {
+            rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
+                            g.device, -1, kAllBuckets, v,
+                            with_kernel_features(g.halide_target), ""});
+        }
+    }
+    return rows;
+}
+
+std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
+    std::ostringstream out;
+    out << "# Generated by contract/emit_kernels.cpp from contract/mha_contract.h and "
+           "schedules/tuned: do not edit.\n";
+    out << "set(MHA_KERNEL_DEVICES cpu";
+    for (const GpuTarget &g : kGpuTargets) {
+        out << (gpu ? " " + std::string(device_name(g.device)) : "");
+    }
+    out << ")\nset(MHA_CPU_ISA_TARGETS";
+    for (const CpuIsa &isa : kCpuIsas) {
+        out << " " << isa.halide_target;
+    }
+    out << ")\n";
+    for (const KernelRow &r : rows) {
+        out << "mha_forward_kernel(" << r.name << " DEVICE " << device_name(r.device)
+            << " TARGET " << r.target << "\n    PARAMS mask_kind="
+            << mask_kind_name(r.variant.mask_kind)
+            << " return_weights=" << bool_name(r.variant.returns_weights)
+            << " fused_qkv=" << bool_name(r.variant.fused_qkv);
+        if (!r.schedule.empty()) {
+            out << " \"schedule=" << r.schedule << "\"";
+        }
+        out << ")\n";
+    }
+    return out.str();
+}
+
+std::string variant_initializer(const ForwardVariant &v) {
+    return "{contract::MaskKind::" + std::string(mask_kind_name(v.mask_kind)) + ", " +
+           bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
+}
+
+std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {
+    const std::string dev(device_name(device));
+    std::ostringstream out;
+    out << "// Generated by contract/emit_kernels.cpp from contract/mha_contract.h and "
+           "schedules/tuned: do not edit.\n// The "
+        << dev << " kernels of the build.\n#include \"kernel_table.h\"\n";
+    if (device != mha::Device::cpu) {
+        out << "#include \"HalideRuntime" << (device == mha::Device::cuda ? "Cuda" : "OpenCL")
+            << ".h\"\n";
+    }
+    std::ostringstream checks, entries;
+    for (const KernelRow &r : rows) {
+        if (r.device != device) {
+            continue;
+        }
+        out << "#include \"" << r.name << ".h\"\n#include \"" << r.name << ".function_info.h\"\n";
+        checks << "static_assert(takes_contract_arguments(" << r.name << "_argument_info(), "
+               << variant_initializer(r.variant) << "),\n              \"kernel " << r.name
+               << " does not take the arguments contract/mha_contract.h gives its variant\");\n";
+        entries << "    {\"" << r.name << "\", Device::" << dev << ", " << r.isa << ", "
+                << r.buckets << ", " << variant_initializer(r.variant) << ", &" << r.name
+                << "_argv},\n";
+    }
+    out << "\nnamespace mha::detail {\n\n" << checks.str() << "\nnamespace {\n"
+        << "const ForwardKernel kKernels[] = {\n" << entries.str() << "};\n}  // namespace\n\n";
+    if (device == mha::Device::cpu) {
+        out << "const KernelComponent &cpu_kernels() {\n"
+               "    static const KernelComponent component{Device::cpu, kKernels, "
+               "std::size(kKernels), nullptr};\n    return component;\n}\n\n"
+               "}  // namespace mha::detail\n";
+    } else {
+        out << "}  // namespace mha::detail\n\n"
+            << "extern \"C\" const mha::detail::KernelComponent *mha_detail_" << dev
+            << "_kernels() {\n    static const mha::detail::KernelComponent component{"
+            << "mha::Device::" << dev << ", mha::detail::kKernels, std::size(mha::detail::kKernels), "
+            << "&halide_" << dev << "_device_interface};\n    return &component;\n}\n";
+    }
+    return out.str();
+}
+
+void write(const std::string &path, const std::string &text) {
+    // Rewritten only when it changes, so that a re-configure does not rebuild the tables.
+    std::ifstream old(path);
+    std::stringstream existing;
+    existing << old.rdbuf();
+    if (old && existing.str() == text) {
+        return;
+    }
+    std::ofstream out(path);
+    out << text;
+    if (!out) {
+        throw std::runtime_error("could not write " + path);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app("Writes the build's kernel rows and the runtime's kernel tables", "emit_kernels");
+    std::string tuned_dir, schedule_hash, out_dir;
+    bool gpu = true;
+    app.add_option("--tuned-dir", tuned_dir, "schedules/tuned")->required();
+    app.add_option("--schedule-hash", schedule_hash, "hash of the schedule code")->required();
+    app.add_option("--gpu", gpu, "emit the CUDA and OpenCL kernels (0 or 1)");
+    app.add_option("--out-dir", out_dir, "where to write")->required();
+    if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
+        return *code;
+    }
+    try {
+        std::vector<std::string> warnings;
+        const std::vector<KernelRow> rows = kernel_rows(tuned_dir, schedule_hash, gpu, warnings);
+        write(out_dir + "/kernels.cmake", cmake_rows(rows, gpu));
+        write(out_dir + "/cpu_kernels.cpp", device_table(rows, mha::Device::cpu));
+        for (const GpuTarget &g : kGpuTargets) {
+            if (gpu) {
+                write(out_dir + "/" + std::string(device_name(g.device)) + "_kernels.cpp",
+                      device_table(rows, g.device));
+            }
+        }
+        for (const std::string &w : warnings) {
+            std::cout << "warning: " << w << "\n";
+        }
+    } catch (const std::exception &e) {
+        std::cout << e.what() << "\n";
+        return 1;
+    }
+    return 0;
+}

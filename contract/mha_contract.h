@@ -1,0 +1,350 @@
+// The kernel contract: every fact that the build, the generators, the runtime, the tuner, the
+// tests and the benchmarks share, written once in plain C++ (no Halide):
+//   - the variant axes of the forward kernels (devices, CPU instruction sets, shape buckets, mask
+//     kinds, weights returned or not, separate or fused QKV projection);
+//   - which arguments each variant takes, in call order, with their names, types and ranks;
+//   - the layout of the prepacked weights;
+//   - the benchmark sweep.
+// The build runs contract/emit_kernels.cpp on it to write the add_halide_library rows and the
+// runtime's kernel tables; the generators declare their Inputs and Outputs from
+// forward_arguments(); the runtime checks at compile time that every generated kernel takes
+// exactly those arguments (kernel_table.h), so a renamed or reordered Input fails the build.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string_view>
+
+#include "mha/mha.h"
+
+namespace mha::contract {
+
+// --- Devices -----------------------------------------------------------------------------
+
+inline constexpr std::array kDevices = {Device::cpu, Device::cuda, Device::opencl};
+
+constexpr std::string_view device_name(Device device) {
+    switch (device) {
+    case Device::cpu:
+        return "cpu";
+    case Device::cuda:
+        return "cuda";
+    case Device::opencl:
+        return "opencl";
+    }
+    return "unknown";
+}
+
+// A GPU device's kernels: one Halide target, and the driver library its runtime loads.
+struct GpuTarget {
+    Device device;
+    std::string_view halide_target;
+    std::string_view driver_library;  // what Halide's runtime dlopens
+};
+// CUDA kernels are PTX for compute capability 8.0 (A100; H100 and H200 JIT-compile it).
+inline constexpr std::array kGpuTargets = {
+    GpuTarget{Device::cuda, "x86-64-linux-cuda-cuda_capability_80", "libcuda.so.1"},
+    GpuTarget{Device::opencl, "x86-64-linux-opencl", "libOpenCL.so.1"},
+};
+
+// --- CPU instruction sets ----------------------------------------------------------------
+
+// One set of CPU kernels. The runtime runs the first one this CPU supports (asking Halide's own
+// target check, through a probe kernel built for all of them), capped by MHA_CPU_ISA.
+struct CpuIsa {
+    std::string_view name;           // what MHA_CPU_ISA, dispatched_isa() and file names use
+    std::string_view halide_target;  // features written out, never `host`
+    int f32_lanes;                   // f32 lanes of one vector register
+    int vector_registers;
+    bool tuned;  // schedules/tuned/<name>.json must exist (mha-tune writes it)
+};
+// Best first; the last is the fallback that any x86-64 CPU of interest runs.
+inline constexpr std::array kCpuIsas = {
+    CpuIsa{"avx512", "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41", 16, 32, true},
+    CpuIsa{"avx2", "x86-64-linux-avx-avx2-f16c-fma-sse41", 8, 16, true},
+    CpuIsa{"sse41", "x86-64-linux-sse41", 4, 16, false},
+};
+inline constexpr size_t kCpuIsaCount = kCpuIsas.size();
+
+constexpr std::optional<size_t> cpu_isa_index(std::string_view name) {
+    for (size_t i = 0; i < kCpuIsas.size(); i++) {
+        if (kCpuIsas[i].name == name) {
+            return i;
+        }
+    }
+    return std::nullopt;
+}
+
+// Every kernel takes a user_context, through which the runtime routes Halide's errors and
+// allocations for that call (and only that call) to itself.
+inline constexpr std::string_view kKernelTargetFeatures = "user_context";
+
+// --- Shape buckets -----------------------------------------------------------------------
+
+// A problem: query [B, Sq, E], key and value [B, Sk, E], H heads of E / H features.
+struct ProblemShape {
+    int64_t batch, query_len, key_len, embed_dim, num_heads;
+
+    constexpr int64_t head_dim() const { return embed_dim / num_heads; }
+    // The token rows of the largest projection: what the CPU kernels are bucketed by.
+    constexpr int64_t token_rows() const { return batch * std::max(query_len, key_len); }
+    // FLOPs of one forward pass, 2 per multiply-add: the Q and output projections over Sq rows,
+    // the K and V projections over Sk rows, then Q·Kᵀ and weights·V.
+    constexpr double forward_flops() const {
+        const double B = batch, Sq = query_len, Sk = key_len, E = embed_dim;
+        return 2 * E * E * B * (2 * Sq + 2 * Sk) + 2 * 2 * B * Sq * Sk * E;
+    }
+    constexpr bool operator==(const ProblemShape &o) const {
+        return batch == o.batch && query_len == o.query_len && key_len == o.key_len &&
+               embed_dim == o.embed_dim && num_heads == o.num_heads;
+    }
+    constexpr bool operator!=(const ProblemShape &o) const { return !(*this == o); }
+};
+
+// CPU kernels are compiled (and tuned) per bucket of ProblemShape::token_rows(): a single
+// query against a long context is a large K/V GEMM, not a small one. GPU kernels serve any.
+enum class ShapeBucket { small, medium, large };
+struct BucketSpec {
+    ShapeBucket bucket;
+    std::string_view name;
+    int64_t max_token_rows;     // inclusive
+    ProblemShape tuning_shape;  // what mha-tune searches on
+};
+inline constexpr std::array kShapeBuckets = {
+    BucketSpec{ShapeBucket::small, "small", 64, {2, 5, 5, 512, 8}},
+    BucketSpec{ShapeBucket::medium, "medium", 1024, {4, 256, 256, 512, 8}},
+    BucketSpec{ShapeBucket::large, "large", std::numeric_limits<int64_t>::max(),
+               {1, 2048, 2048, 512, 8}},
+};
+// The name of a kernel that serves every bucket.
+inline constexpr std::string_view kAnyBucket = "any";
+
+constexpr const BucketSpec &bucket_spec(ShapeBucket b) { return kShapeBuckets[size_t(b)]; }
+
+constexpr ShapeBucket shape_bucket(int64_t token_rows) {
+    for (const BucketSpec &b : kShapeBuckets) {
+        if (token_rows <= b.max_token_rows) {
+            return b.bucket;
+        }
+    }
+    return kShapeBuckets.back().bucket;
+}
+
+constexpr std::optional<ShapeBucket> bucket_named(std::string_view name) {
+    for (const BucketSpec &b : kShapeBuckets) {
+        if (b.name == name) {
+            return b.bucket;
+        }
+    }
+    return std::nullopt;
+}
+
+// A set of buckets (one bit per bucket) that one kernel serves.
+using BucketSet = uint32_t;
+constexpr BucketSet bucket_bit(ShapeBucket b) { return BucketSet(1) << unsigned(b); }
+inline constexpr BucketSet kAllBuckets = (BucketSet(1) << kShapeBuckets.size()) - 1;
+
+// --- Forward-kernel variants -------------------------------------------------------------
+
+enum class MaskKind {
+    none,   // no mask
+    keep,   // 0 = blocked (the PyTorch article: masked_fill(mask == 0, -1e9))
+    block,  // nonzero = blocked (the TF article: logits += mask * -1e9)
+};
+inline constexpr std::array kMaskKinds = {MaskKind::none, MaskKind::keep, MaskKind::block};
+
+constexpr std::string_view mask_kind_name(MaskKind kind) {
+    switch (kind) {
+    case MaskKind::none:
+        return "none";
+    case MaskKind::keep:
+        return "keep";
+    case MaskKind::block:
+        return "block";
+    }
+    return "unknown";
+}
+
+// What one forward kernel computes; each combination is compiled ahead of time for every
+// device (and, on the CPU, every instruction set and group of shape buckets).
+struct ForwardVariant {
+    MaskKind mask_kind = MaskKind::none;
+    bool returns_weights = false;
+    bool fused_qkv = false;  // self-attention, query = key = value: one QKV projection
+
+    constexpr bool operator==(const ForwardVariant &o) const {
+        return mask_kind == o.mask_kind && returns_weights == o.returns_weights &&
+               fused_qkv == o.fused_qkv;
+    }
+};
+
+inline constexpr std::array<ForwardVariant, 12> kForwardVariants = [] {
+    std::array<ForwardVariant, 12> all{};
+    size_t n = 0;
+    for (MaskKind mask : kMaskKinds) {
+        for (bool weights : {false, true}) {
+            for (bool fused : {false, true}) {
+                all[n++] = {mask, weights, fused};
+            }
+        }
+    }
+    return all;
+}();
+
+// --- Kernel arguments ----------------------------------------------------------------------
+
+enum class ArgKind { input_buffer, input_scalar, output_buffer };
+enum class ElementType { f32, u8, i32 };
+
+// Every argument any forward kernel takes. Halide lists dimensions innermost first, so a
+// PyTorch tensor [B, S, E] is the buffer (e, s, b).
+enum class ArgId {
+    query,
+    key,
+    value,
+    head_dim,
+    q_weight,
+    q_bias,
+    k_weight,
+    k_bias,
+    v_weight,
+    v_bias,
+    qkv_weight,
+    qkv_bias,
+    out_weight,
+    out_bias,
+    mask,
+    output,
+    weights,
+};
+inline constexpr size_t kArgCount = size_t(ArgId::weights) + 1;
+
+struct ArgSpec {
+    ArgId id;
+    std::string_view name;  // the generator's Input / Output name
+    ArgKind kind;
+    ElementType type;
+    int rank;                  // 0 for scalars
+    std::string_view meaning;  // dimensions innermost first
+};
+
+inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
+    {ArgId::query, "query", ArgKind::input_buffer, ElementType::f32, 3, "(e, sq, b)"},
+    {ArgId::key, "key", ArgKind::input_buffer, ElementType::f32, 3, "(e, sk, b)"},
+    {ArgId::value, "value", ArgKind::input_buffer, ElementType::f32, 3, "(e, sk, b)"},
+    {ArgId::head_dim, "head_dim", ArgKind::input_scalar, ElementType::i32, 0, "E / H"},
+    {ArgId::q_weight, "q_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wqᵀ panels"},
+    {ArgId::q_bias, "q_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
+    {ArgId::k_weight, "k_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wkᵀ panels"},
+    {ArgId::k_bias, "k_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
+    {ArgId::v_weight, "v_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wvᵀ panels"},
+    {ArgId::v_bias, "v_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
+    {ArgId::qkv_weight, "qkv_weight", ArgKind::input_buffer, ElementType::f32, 3,
+     "[Wq; Wk; Wv]ᵀ panels"},
+    {ArgId::qkv_bias, "qkv_bias", ArgKind::input_buffer, ElementType::f32, 1, "(3 x padded out)"},
+    {ArgId::out_weight, "out_weight", ArgKind::input_buffer, ElementType::f32, 3, "Woᵀ panels"},
+    {ArgId::out_bias, "out_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
+    {ArgId::mask, "mask", ArgKind::input_buffer, ElementType::u8, 4, "(j, i, h, b), broadcast"},
+    {ArgId::output, "output", ArgKind::output_buffer, ElementType::f32, 3, "(e, sq, b)"},
+    {ArgId::weights, "weights", ArgKind::output_buffer, ElementType::f32, 4, "(j, i, h, b)"},
+}};
+
+constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
+
+// The arguments of one variant, in call order (after the user_context): inputs, then outputs.
+struct ArgList {
+    std::array<ArgId, kArgCount> ids{};
+    size_t count = 0;
+
+    constexpr const ArgId *begin() const { return ids.data(); }
+    constexpr const ArgId *end() const { return ids.data() + count; }
+    constexpr size_t size() const { return count; }
+    constexpr ArgId operator[](size_t i) const { return ids[i]; }
+    constexpr void push(ArgId id) { ids[count++] = id; }
+};
+
+constexpr ArgList forward_arguments(const ForwardVariant &v) {
+    ArgList list;
+    list.push(ArgId::query);
+    if (!v.fused_qkv) {
+        list.push(ArgId::key);
+        list.push(ArgId::value);
+    }
+    list.push(ArgId::head_dim);
+    if (v.fused_qkv) {
+        list.push(ArgId::qkv_weight);
+        list.push(ArgId::qkv_bias);
+    } else {
+        for (ArgId id : {ArgId::q_weight, ArgId::q_bias, ArgId::k_weight, ArgId::k_bias,
+                         ArgId::v_weight, ArgId::v_bias}) {
+            list.push(id);
+        }
+    }
+    list.push(ArgId::out_weight);
+    list.push(ArgId::out_bias);
+    if (v.mask_kind != MaskKind::none) {
+        list.push(ArgId::mask);
+    }
+    list.push(ArgId::output);
+    if (v.returns_weights) {
+        list.push(ArgId::weights);
+    }
+    return list;
+}
+
+// --- Prepacked weights ---------------------------------------------------------------------
+
+// Widest tile, in features, that a schedule may round a head or a projection up to; tiles over
+// features must divide it.
+inline constexpr int kMaxTile = 64;
+
+// Prepacked weights are Wᵀ in panels of this many output features: buffer (lane, in, panel)
+// holds output feature panel·kWeightPanel + lane, contiguously over every input feature.
+inline constexpr int kWeightPanel = 32;
+static_assert(kMaxTile % kWeightPanel == 0, "panels must tile the widest feature tile");
+
+// Works for integers and for Halide::Expr alike, so the generators and the runtime share it.
+template <typename Int>
+constexpr Int round_up(Int x, int multiple) {
+    return (x + (multiple - 1)) / multiple * multiple;
+}
+
+// Output features each prepacked projection Wᵀ (and bias) is zero-padded to, so that a schedule
+// may compute whole tiles past E: far enough for the last head rounded up to a whole tile,
+// itself rounded up to a whole tile.
+template <typename Int>
+constexpr Int padded_features(Int embed_dim, Int head_dim) {
+    return round_up(embed_dim - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
+}
+
+// The fused QKV weights stack Wq, Wk, Wv along the output features, each `padded` wide: the
+// first output feature of projection p (0 = q, 1 = k, 2 = v).
+template <typename Int>
+constexpr Int qkv_block_offset(int projection, Int padded) {
+    return padded * projection;
+}
+inline constexpr int kQkvProjections = 3;
+
+// --- The benchmark sweep ------------------------------------------------------------------
+
+// (B, Sq, Sk, E, H): the seed example, self-attention from 128 to 2048 tokens, cross-attention,
+// and one query against a long context. Sq = Sk is run as self-attention on one tensor (the
+// fused QKV kernels). The CPU benchmarks, the GPU benchmark and mha-tune's verification and
+// comparison all take their shapes from here.
+inline constexpr std::array kBenchmarkSweep = {
+    ProblemShape{2, 5, 5, 512, 8},      ProblemShape{1, 128, 128, 512, 8},
+    ProblemShape{4, 256, 256, 512, 8},  ProblemShape{1, 512, 512, 768, 12},
+    ProblemShape{1, 1024, 1024, 1024, 16}, ProblemShape{1, 2048, 2048, 512, 8},
+    ProblemShape{1, 64, 2048, 512, 8},  ProblemShape{1, 1, 4096, 512, 8},
+};
+// Added on GPUs, which have room for them.
+inline constexpr std::array kGpuExtraShapes = {
+    ProblemShape{8, 1024, 1024, 1024, 16},
+    ProblemShape{1, 4096, 4096, 1024, 16},
+};
+
+}  // namespace mha::contract

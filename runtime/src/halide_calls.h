@@ -1,0 +1,41 @@
+// Calls into Halide on behalf of the library. Each call passes a CallContext as Halide's
+// user_context; the library's hooks (installed once, chained to whatever was installed before)
+// take the errors and scratch allocations that carry a live CallContext and hand everything
+// else, another Halide pipeline's in the same process, to the previous handlers.
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "kernel_table.h"
+
+namespace mha::detail {
+
+// The user_context of one library call; registered while it lives.
+class CallContext {
+public:
+    CallContext();
+    ~CallContext();
+    CallContext(const CallContext &) = delete;
+    CallContext &operator=(const CallContext &) = delete;
+
+    std::string error;  // Halide's messages for this call
+};
+
+// Once per process, before the first kernel runs.
+void install_runtime_hooks();
+
+// Throws mha::Error("<what> failed (Halide error N): <messages>") when `result` is non-zero.
+void check_halide(int result, const CallContext &context, const std::string &what);
+
+// A kernel's argument values by contract argument (halide_buffer_t* for buffers, a pointer to
+// the value for scalars); the kernel's variant decides which it reads, in contract order.
+using ArgValues = std::array<void *, contract::kArgCount>;
+
+// Runs `kernel`; a failure inside it raises mha::Error with Halide's message.
+void call_kernel(const ForwardKernel &kernel, CallContext &context, const ArgValues &values);
+
+// The name of the kernel the last call_kernel on this thread ran.
+std::string_view last_kernel_name();
+
+}  // namespace mha::detail

@@ -1,0 +1,185 @@
+#include "tuned_file.h"
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace mha::cpu {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string describe(const std::string &path, const std::string &problem) {
+    return "tuned schedule file " + path + ": " + problem;
+}
+
+// The value at `key` of `object`, which must have the JSON type `type` (e.g. is_string).
+const json &member(const json &object, const char *key, bool (json::*type)() const,
+                   const char *type_name, const std::string &path, const std::string &where) {
+    const auto it = object.find(key);
+    if (it == object.end()) {
+        throw TunedFileError(describe(path, where + "has no \"" + key + "\""));
+    }
+    if (!((*it).*type)()) {
+        throw TunedFileError(describe(path, where + "\"" + key + "\" is " + it->dump() +
+                                                ", not " + type_name));
+    }
+    return *it;
+}
+
+}  // namespace
+
+json params_to_json(const ScheduleParams &p) {
+    json out = json::object();
+    for (const auto &[name, field] : ScheduleParams::kTunables) {
+        out[std::string(name)] = p.*field;
+    }
+    return out;
+}
+
+ScheduleParams params_from_json(const json &params, const contract::CpuIsa &isa,
+                                const std::string &where) {
+    ScheduleParams p = ScheduleParams::defaults(isa);
+    for (const auto &[name, value] : params.items()) {
+        if (ScheduleParams::field(name) == nullptr) {
+            throw TunedFileError(where + "unknown parameter \"" + name +
+                                 "\" (the parameters are " + ScheduleParams().to_string() + ")");
+        }
+        if (!value.is_number_integer()) {
+            throw TunedFileError(where + "parameter " + name + " is " + value.dump() +
+                                 ", not a whole number");
+        }
+        p.set(name, value.get<int>());
+    }
+    const std::string why = p.invalid_because();
+    if (!why.empty()) {
+        throw TunedFileError(where + "parameters " + p.to_string() + " are invalid: " + why);
+    }
+    return p;
+}
+
+const TunedBucket *TunedFile::find(contract::ShapeBucket b) const {
+    for (const TunedBucket &t : buckets) {
+        if (t.bucket == b) {
+            return &t;
+        }
+    }
+    return nullptr;
+}
+
+ScheduleParams TunedFile::effective_params(const contract::CpuIsa &isa,
+                                           contract::ShapeBucket b) const {
+    const TunedBucket *t = find(b);
+    return t != nullptr && !t->kept_defaults ? t->params : ScheduleParams::defaults(isa);
+}
+
+std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa) {
+    return dir + "/" + std::string(isa.name) + ".json";
+}
+
+TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) {
+    std::ifstream in(path);
+    if (!in) {
+        throw TunedFileError(describe(path, "missing: the " + std::string(isa.name) +
+                                                " kernels are built from it (run mha-tune --isa " +
+                                                std::string(isa.name) + ")"));
+    }
+    json doc;
+    try {
+        doc = json::parse(in);
+    } catch (const json::parse_error &e) {
+        throw TunedFileError(describe(path, std::string("malformed JSON: ") + e.what()));
+    }
+    if (!doc.is_object()) {
+        throw TunedFileError(describe(path, "not a JSON object"));
+    }
+    TunedFile file;
+    const auto text = [&](const json &object, const char *key, const std::string &where = "") {
+        return member(object, key, &json::is_string, "a string", path, where).get<std::string>();
+    };
+    const std::string format = text(doc, "format");
+    if (format != kTunedFileFormat) {
+        throw TunedFileError(describe(path, "format is \"" + format + "\", expected \"" +
+                                                kTunedFileFormat + "\""));
+    }
+    file.isa = text(doc, "isa");
+    file.target = text(doc, "target");
+    if (file.isa != isa.name || file.target != isa.halide_target) {
+        throw TunedFileError(describe(
+            path, "tunes " + file.isa + " (" + file.target + ") but the build reads it for " +
+                      std::string(isa.name) + " (" + std::string(isa.halide_target) + ")"));
+    }
+    file.command = text(doc, "command");
+    const json &buckets = member(doc, "buckets", &json::is_object, "an object", path, "");
+    for (const auto &[name, entry] : buckets.items()) {
+        const auto bucket = contract::bucket_named(name);
+        const std::string where = "bucket " + name + ": ";
+        if (!bucket) {
+            throw TunedFileError(describe(path, "unknown bucket \"" + name + "\""));
+        }
+        if (!entry.is_object()) {
+            throw TunedFileError(describe(path, where + "not an object"));
+        }
+        TunedBucket t;
+        t.bucket = *bucket;
+        t.params = params_from_json(
+            member(entry, "params", &json::is_object, "an object", path, where), isa,
+            describe(path, where));
+        t.kept_defaults =
+            member(entry, "kept_defaults", &json::is_boolean, "true or false", path, where)
+                .get<bool>();
+        for (auto [key, field] : {std::pair{"search_gain", &t.search_gain},
+                                  {"verified_gain", &t.verified_gain},
+                                  {"bucket_gain", &t.bucket_gain},
+                                  {"noise", &t.noise}}) {
+            *field = member(entry, key, &json::is_number, "a number", path, where).get<double>();
+        }
+        t.candidates =
+            member(entry, "candidates", &json::is_number_integer, "a whole number", path, where)
+                .get<int>();
+        t.schedule_hash = text(entry, "schedule_hash", where);
+        t.date = text(entry, "date", where);
+        t.machine = text(entry, "machine", where);
+        file.buckets.push_back(t);
+    }
+    for (const contract::BucketSpec &b : contract::kShapeBuckets) {
+        if (file.find(b.bucket) == nullptr) {
+            throw TunedFileError(describe(path, "bucket " + std::string(b.name) +
+                                                    " is not tuned (run mha-tune --isa " +
+                                                    file.isa + " to finish it)"));
+        }
+    }
+    return file;
+}
+
+void write_tuned_file(const std::string &path, const TunedFile &file) {
+    json doc = {{"format", kTunedFileFormat},
+                {"isa", file.isa},
+                {"target", file.target},
+                {"command", file.command},
+                {"buckets", json::object()}};
+    for (const TunedBucket &t : file.buckets) {
+        doc["buckets"][std::string(contract::bucket_spec(t.bucket).name)] = {
+            {"params", params_to_json(t.params)}, {"kept_defaults", t.kept_defaults},
+            {"search_gain", t.search_gain},    {"verified_gain", t.verified_gain},
+            {"bucket_gain", t.bucket_gain},    {"noise", t.noise},
+            {"candidates", t.candidates},      {"schedule_hash", t.schedule_hash},
+            {"date", t.date},                  {"machine", t.machine}};
+    }
+    // Written whole to a temporary, then renamed: a reader never sees half a file.
+    const std::string temporary = path + ".tmp";
+    {
+        std::ofstream out(temporary);
+        out << doc.dump(2) << "\n";
+        if (!out) {
+            throw TunedFileError(describe(path, "could not be written"));
+        }
+    }
+    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+        throw TunedFileError(describe(path, "could not be replaced"));
+    }
+}
+
+}  // namespace mha::cpu

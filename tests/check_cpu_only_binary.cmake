@@ -1,0 +1,20 @@
+# cmake -DBINARY=<program> -P check_cpu_only_binary.cmake: a program that links only the mha
+# library holds no GPU kernel and needs no shared library beyond the C/C++ runtime (in
+# particular no fmt, no OpenCL or CUDA driver, no Halide).
+execute_process(COMMAND nm -C ${BINARY} OUTPUT_VARIABLE symbols RESULT_VARIABLE nm_result)
+if (NOT nm_result EQUAL 0)
+    message(FATAL_ERROR "nm ${BINARY} failed")
+endif ()
+foreach (device IN ITEMS cuda opencl)
+    if (symbols MATCHES "mha_forward_${device}_")
+        message(FATAL_ERROR "${BINARY} holds ${device} kernels")
+    endif ()
+endforeach ()
+execute_process(COMMAND readelf -d ${BINARY} OUTPUT_VARIABLE dynamic)
+string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*" needed "${dynamic}")
+foreach (line IN LISTS needed)
+    if (NOT line MATCHES "\\[(libc|libm|libstdc\\+\\+|libgcc_s|libpthread|libdl|ld-linux[^]]*)\\.so[^]]*\\]")
+        message(FATAL_ERROR "${BINARY} needs a library a CPU-only program should not: ${line}")
+    endif ()
+endforeach ()
+message(STATUS "${BINARY}: no GPU kernels; needs ${needed}")

@@ -1,0 +1,52 @@
+// One forward pass JIT-compiled for a CPU instruction set, with given schedule parameters or by
+// one of Halide's autoschedulers, and the problem it runs on. It runs the way the library runs
+// its kernels: on prepacked weights, with Halide's allocations served by the library's scratch
+// pool, so that what the tuner times is what a call of the library costs.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mha_contract.h"
+#include "packed_weights.h"
+#include "reference.h"
+
+namespace mha::tune {
+
+// A problem and its packed weights, built once per shape; the variant is self-attention (fused
+// QKV) when Sq = Sk, as in the benchmark sweep, with no mask and no weights returned.
+struct Workload {
+    Workload(const contract::ProblemShape &shape, uint64_t seed);
+
+    reference::Problem problem;
+    std::unique_ptr<detail::PackedWeights> weights;
+    std::vector<float> output;
+};
+
+// Halide stays inside candidate.cpp: the rest of the tuner compiles without Halide.h.
+class Candidate {
+public:
+    // `schedule`: "name:value,..." (empty: the defaults); `autoscheduler`: a Halide
+    // autoscheduler's name instead. Throws (Halide::CompileError) when it does not compile.
+    Candidate(const contract::CpuIsa &isa, const contract::ProblemShape &estimates,
+              const std::string &schedule, const std::string &autoscheduler = "");
+    ~Candidate();
+    Candidate(Candidate &&) noexcept;
+
+    // One forward pass on `work`; Halide's result code.
+    int run(Workload &work) const;
+
+private:
+    struct Compiled;
+    std::unique_ptr<Compiled> compiled_;
+};
+
+// Makes Halide's autoschedulers available to Candidate (once per process).
+void load_autoscheduler_plugins();
+
+// Relative L2 error against the double-precision reference on a small awkward shape with the
+// embedding and heads of `like`; infinity when the candidate fails.
+double check_error(const Candidate &candidate, const contract::ProblemShape &like);
+
+}  // namespace mha::tune

@@ -1,0 +1,124 @@
+// mha-tune: benchmark-driven search over the CPU schedule's parameters (schedules/cpu_params.h)
+// for one instruction set of the contract, recorded in a tuning database from which the tuned
+// file the build reads is derived (search.h); or, with --compare, the tuned parameters and
+// Halide's autoschedulers against the defaults (compare.h).
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "candidate.h"
+#include "command_line.h"
+#include "compare.h"
+#include "search.h"
+#include "tuned_file.h"
+
+namespace {
+
+template <typename Table>
+std::vector<std::string> names_of(const Table &table) {
+    std::vector<std::string> names;
+    for (const auto &entry : table) {
+        names.emplace_back(entry.name);
+    }
+    return names;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    CLI::App app("Tunes the CPU schedule of one instruction set: searches its parameters per "
+                 "shape bucket, recording every measurement in a tuning database, and writes the "
+                 "tuned file the build reads. With --compare, times the tuned parameters and "
+                 "Halide's autoschedulers against the defaults on the benchmark sweep.",
+                 "mha-tune");
+    std::string isa_name, tuning_shape, database, tuned_file;
+    std::vector<std::string> bucket_names;
+    mha::tune::TuneOptions tune;
+    mha::tune::CompareOptions compare;
+    bool comparing = false;
+    int measure_shape = -1;
+    std::string contender;
+    app.add_option("--isa", isa_name, "the instruction set to tune")
+        ->required()
+        ->check(CLI::IsMember(names_of(mha::contract::kCpuIsas)))
+        ->type_name("ISA");
+    app.add_option("--budget-minutes", tune.budget_minutes, "time for all buckets together")
+        ->check(CLI::PositiveNumber)
+        ->type_name("M")
+        ->capture_default_str();
+    app.add_option("--seed", tune.seed, "seed of the search (a resumed run needs the same one)")
+        ->type_name("N")
+        ->capture_default_str();
+    app.add_option("--rounds", tune.rounds, "interleaved rounds of each timing against the defaults")
+        ->check(CLI::Range(1, 101))
+        ->type_name("N")
+        ->capture_default_str();
+    app.add_option("--bucket", bucket_names, "a bucket to tune (repeatable; default: all)")
+        ->check(CLI::IsMember(names_of(mha::contract::kShapeBuckets)))
+        ->type_name("BUCKET");
+    app.add_option("--tuning-shape", tuning_shape, "tune on this shape instead of the buckets'")
+        ->check(mha::tools::problem_shape())
+        ->type_name("B,Sq,Sk,E,H");
+    app.add_option("--max-candidates", tune.max_candidates, "per bucket (default: no limit)")
+        ->check(mha::tools::positive_integer())
+        ->type_name("N");
+    app.add_flag("--verify-on-tuning-shape-only", [&](int64_t) { tune.verify_on_sweep = false; },
+                 "verify a winner on its tuning shape only, not on the bucket's sweep shapes");
+    app.add_option("--db", database, "tuning database (default schedules/tuned/<isa>.records.jsonl)")
+        ->type_name("FILE");
+    app.add_option("--out", tuned_file, "tuned file (default schedules/tuned/<isa>.json)")
+        ->type_name("FILE");
+    app.add_flag("--compare", comparing, "compare tuned, autoscheduled and default schedules");
+    app.add_option("--tuned", compare.tuned_file, "--compare: the tuned file (default --out's)")
+        ->type_name("FILE");
+    app.add_option("--limit-seconds", compare.limit_seconds, "--compare: per measurement")
+        ->check(mha::tools::positive_integer())
+        ->type_name("S")
+        ->capture_default_str();
+    // The children of --compare.
+    app.add_option("--measure-shape", measure_shape)
+        ->check(CLI::Range(0, int(mha::contract::kBenchmarkSweep.size()) - 1))
+        ->group("");
+    app.add_option("--contender", contender)->group("");
+    if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
+        return *code;
+    }
+
+    const mha::contract::CpuIsa &isa =
+        mha::contract::kCpuIsas[*mha::contract::cpu_isa_index(isa_name)];
+    const std::string tuned_dir = MHA_TUNED_DIR;
+    tune.isa = compare.isa = &isa;
+    tune.database = database.empty() ? tuned_dir + "/" + isa_name + ".records.jsonl" : database;
+    tune.tuned_file = tuned_file.empty() ? mha::cpu::tuned_file_path(tuned_dir, isa) : tuned_file;
+    compare.tuned_file = compare.tuned_file.empty() ? tune.tuned_file : compare.tuned_file;
+    compare.rounds = tune.rounds;
+    for (const std::string &name : bucket_names) {
+        tune.buckets.push_back(*mha::contract::bucket_named(name));
+    }
+    if (tune.buckets.empty()) {
+        for (const mha::contract::BucketSpec &b : mha::contract::kShapeBuckets) {
+            tune.buckets.push_back(b.bucket);
+        }
+    }
+    if (!tuning_shape.empty()) {
+        tune.tuning_shape = mha::tools::parse_problem_shape(tuning_shape);
+    }
+    tune.command = "mha-tune";
+    for (int a = 1; a < argc; a++) {
+        tune.command += std::string(" ") + argv[a];
+    }
+    try {
+        if (measure_shape >= 0) {
+            mha::tune::load_autoscheduler_plugins();
+            return mha::tune::measure_contender(compare, size_t(measure_shape), contender);
+        }
+        if (comparing) {
+            compare.self = std::filesystem::read_symlink("/proc/self/exe").string();
+            return mha::tune::compare(compare);
+        }
+        return mha::tune::tune(tune);
+    } catch (const std::exception &e) {
+        fmt::print(stderr, "mha-tune: {}\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,34 @@
+// The search of mha-tune: per shape bucket, random sampling then local refinement of the best,
+// every candidate checked against the reference and timed against the defaults; the best few
+// re-timed, the winner verified on the bucket's sweep shapes, and kept only if it beats the
+// defaults by more than the noise. Every measurement goes to the tuning database as it is made;
+// a run resumes where an earlier one with the same seed stopped.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mha_contract.h"
+
+namespace mha::tune {
+
+struct TuneOptions {
+    const contract::CpuIsa *isa = nullptr;
+    std::vector<contract::ShapeBucket> buckets;  // in this order
+    double budget_minutes = 13;                  // for all buckets together
+    uint64_t seed = 1;
+    int rounds = 5;                              // of each interleaved comparison
+    std::optional<contract::ProblemShape> tuning_shape;  // instead of each bucket's
+    int max_candidates = 0;                      // per bucket; 0: until budget or patience
+    bool verify_on_sweep = true;  // verify on the bucket's sweep shapes, not only its own
+    std::string database, tuned_file, command;
+};
+
+// Tunes, appending to the database and rewriting the tuned file after each bucket; the exit code.
+int tune(const TuneOptions &options);
+
+// The machine, as records name it: CPU model and core count.
+std::string machine_description();
+
+}  // namespace mha::tune

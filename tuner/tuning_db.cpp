@@ -1,0 +1,175 @@
+#include "tuning_db.h"
+
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+namespace mha::tune {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+json shape_json(const contract::ProblemShape &s) {
+    return {s.batch, s.query_len, s.key_len, s.embed_dim, s.num_heads};
+}
+
+contract::ProblemShape shape_from(const json &j) {
+    return {j.at(0).get<int64_t>(), j.at(1).get<int64_t>(), j.at(2).get<int64_t>(),
+            j.at(3).get<int64_t>(), j.at(4).get<int64_t>()};
+}
+
+std::string utc_now() {
+    const std::time_t now = std::time(nullptr);
+    char text[32];
+    std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&now));
+    return text;
+}
+
+std::string bucket_name(contract::ShapeBucket b) {
+    return std::string(contract::bucket_spec(b).name);
+}
+
+const contract::CpuIsa &isa_named(const std::string &name) {
+    return contract::kCpuIsas[*contract::cpu_isa_index(name)];
+}
+
+}  // namespace
+
+TuningDb::TuningDb(std::string path, RunContext context)
+    : path_(std::move(path)), context_(std::move(context)) {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line)) {
+        try {
+            records_.push_back(json::parse(line));
+        } catch (const json::parse_error &) {
+            skipped_++;
+        }
+    }
+}
+
+TuningDb::~TuningDb() = default;
+
+size_t TuningDb::loaded() const { return records_.size(); }
+
+bool TuningDb::comparable(const json &r, bool same_machine) const {
+    return r.value("isa", "") == context_.isa && r.value("target", "") == context_.target &&
+           r.value("schedule_hash", "") == context_.schedule_hash &&
+           (!same_machine || r.value("machine", "") == context_.machine);
+}
+
+std::optional<Measurement> TuningDb::earlier(const std::string &role, contract::ShapeBucket bucket,
+                                             const contract::ProblemShape &shape,
+                                             const cpu::ScheduleParams &params) const {
+    const json want_params = cpu::params_to_json(params);
+    for (auto r = records_.rbegin(); r != records_.rend(); ++r) {
+        try {
+            if (r->value("kind", "") != "measurement" || r->value("role", "") != role ||
+                !comparable(*r, true) || r->value("bucket", "") != bucket_name(bucket) ||
+                shape_from(r->at("shape")) != shape || r->at("params") != want_params) {
+                continue;
+            }
+            Measurement m{role, bucket, shape, params, std::nullopt, r->value("failure", ""), 0};
+            if (m.failure.empty()) {
+                m.result = Comparison{r->at("gain").get<double>(),
+                                      r->at("candidate_ms").get<double>(),
+                                      r->at("baseline_ms").get<double>(),
+                                      r->at("round_gains").get<std::vector<double>>()};
+            }
+            return m;
+        } catch (const json::exception &) {
+            continue;  // a record of another shape of the format: not this one
+        }
+    }
+    return std::nullopt;
+}
+
+std::map<contract::ShapeBucket, cpu::TunedBucket> TuningDb::decisions() const {
+    std::map<contract::ShapeBucket, cpu::TunedBucket> latest;
+    const contract::CpuIsa &isa = isa_named(context_.isa);
+    for (const json &r : records_) {
+        try {
+            if (r.value("kind", "") != "decision" || !comparable(r, false)) {
+                continue;
+            }
+            cpu::TunedBucket t;
+            t.bucket = *contract::bucket_named(r.at("bucket").get<std::string>());
+            t.params = cpu::params_from_json(r.at("params"), isa, path_ + ": ");
+            t.kept_defaults = r.at("kept_defaults").get<bool>();
+            t.search_gain = r.at("search_gain").get<double>();
+            t.verified_gain = r.at("verified_gain").get<double>();
+            t.bucket_gain = r.at("bucket_gain").get<double>();
+            t.noise = r.at("noise").get<double>();
+            t.candidates = r.at("candidates").get<int>();
+            t.schedule_hash = context_.schedule_hash;
+            t.date = r.at("date").get<std::string>();
+            t.machine = r.at("machine").get<std::string>();
+            latest[t.bucket] = t;
+        } catch (const std::exception &) {
+            continue;
+        }
+    }
+    return latest;
+}
+
+void TuningDb::write(json record) {
+    json line = {{"kind", record.at("kind")},       {"run", context_.run},
+                 {"date", utc_now()},
+                 {"isa", context_.isa},             {"target", context_.target},
+                 {"schedule_hash", context_.schedule_hash}, {"machine", context_.machine}};
+    for (auto &[key, value] : record.items()) {
+        line[key] = value;
+    }
+    // One write per line, flushed: a run killed at any moment leaves whole lines, or at worst
+    // a last partial line that the next load skips.
+    std::ofstream out(path_, std::ios::app);
+    out << line.dump() << "\n";
+    out.flush();
+    if (!out) {
+        throw std::runtime_error("could not append to the tuning database " + path_);
+    }
+    records_.push_back(std::move(line));
+}
+
+void TuningDb::append(const Measurement &m) {
+    json r = {{"kind", "measurement"},
+              {"role", m.role},
+              {"bucket", bucket_name(m.bucket)},
+              {"shape", shape_json(m.shape)},
+              {"params", cpu::params_to_json(m.params)}};
+    if (m.role == "noise") {
+        r["noise"] = m.noise;
+    } else if (m.result) {
+        r["gain"] = m.result->gain;
+        r["candidate_ms"] = m.result->candidate_ms;
+        r["baseline_ms"] = m.result->baseline_ms;
+        r["round_gains"] = m.result->round_gains;
+    } else {
+        r["failure"] = m.failure;
+    }
+    write(std::move(r));
+}
+
+void TuningDb::append(const Decision &d) {
+    const cpu::TunedBucket &t = d.tuned;
+    json verified = json::array();
+    for (const auto &[shape, gain] : d.verified_on) {
+        verified.push_back({{"shape", shape_json(shape)}, {"gain", gain}});
+    }
+    write({{"kind", "decision"},
+           {"bucket", bucket_name(t.bucket)},
+           {"shape", shape_json(d.shape)},
+           {"params", cpu::params_to_json(t.params)},
+           {"kept_defaults", t.kept_defaults},
+           {"search_gain", t.search_gain},
+           {"verified_gain", t.verified_gain},
+           {"bucket_gain", t.bucket_gain},
+           {"noise", t.noise},
+           {"candidates", t.candidates},
+           {"verified_on", verified},
+           {"date", t.date},
+           {"command", context_.command}});
+}
+
+}  // namespace mha::tune

@@ -13,8 +13,7 @@ void linear(const float *x, int64_t rows, int64_t E, const float *w, const float
     for (int64_t r = 0; r < rows; r++) {
         std::copy(b, b + E, y + r * E);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, E, 1.0f, x, E, w, E, 1.0f, y,
-                E);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, E, E, 1.0f, x, E, w, E, 1.0f, y, E);
 }
 
 // Row-wise softmax, written so that the compiler vectorizes each loop (-O3 -ffast-math).
@@ -39,8 +38,7 @@ void softmax_rows(float *s, int64_t rows, int64_t cols) {
 
 }  // namespace
 
-BlasMultiHeadAttention::BlasMultiHeadAttention(const reference::Problem &p)
-    : d_(p.dims), p_(p) {
+BlasMultiHeadAttention::BlasMultiHeadAttention(const reference::Problem &p) : d_(p.dims), p_(p) {
     const int64_t E = d_.embed_dim;
     q_.resize(d_.batch * d_.query_len * E);
     k_.resize(d_.batch * d_.key_len * E);

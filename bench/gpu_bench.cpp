@@ -21,11 +21,12 @@ using mha::reference::Dims;
 class DeviceTensor {
 public:
     DeviceTensor(mha::Device device, std::vector<float> &host, std::vector<int64_t> shape)
-        : device_(device), shape_(std::move(shape)),
+        : device_(device),
+          shape_(std::move(shape)),
           buffer_(host.data(), std::vector<int>(shape_.rbegin(), shape_.rend())) {
         buffer_.set_host_dirty();
         const auto *interface = device == mha::Device::cuda ? halide_cuda_device_interface()
-                                                             : halide_opencl_device_interface();
+                                                            : halide_opencl_device_interface();
         if (buffer_.copy_to_device(interface) != 0) {
             throw mha::Error("could not copy a tensor to the device");
         }
@@ -66,7 +67,9 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
     const mha::Tensor query = as_input(q.view());
     const mha::Tensor key = self ? query : as_input(k.view());
     const mha::Tensor value = self ? query : as_input(v.view());
-    const auto forward = [&] { module.forward(query, key, value, out.view()); };
+    const auto forward = [&] {
+        module.forward(query, key, value, out.view());
+    };
     forward();  // first call: module load, kernel compilation
     out.sync();
     std::vector<double> ms;
@@ -93,9 +96,10 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    CLI::App app("Times the GPU kernels on device-resident tensors and checks them against the "
-                 "double-precision reference; one JSON line per shape.",
-                 "mha_gpu_bench");
+    CLI::App app(
+        "Times the GPU kernels on device-resident tensors and checks them against the "
+        "double-precision reference; one JSON line per shape.",
+        "mha_gpu_bench");
     std::string device_name = "cuda";
     double max_check_gflop = 20;
     std::vector<std::string> shape_texts;

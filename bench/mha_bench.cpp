@@ -64,8 +64,8 @@ void sgemm_ceiling(benchmark::State &state, int threads) {
     std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
     const auto start = std::chrono::steady_clock::now();
     for (auto _ : state) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n,
-                    b.data(), n, 0.0f, c.data(), n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(),
+                    n, 0.0f, c.data(), n);
         benchmark::DoNotOptimize(c.data());
     }
     const double seconds =
@@ -95,8 +95,8 @@ void halide_forward(benchmark::State &state, Dims d, bool with_weights, int thre
     std::optional<mha::MutableTensor> weights;
     if (with_weights) {
         buf.weights.resize(d.batch * d.num_heads * d.query_len * d.key_len);
-        weights = mha::MutableTensor{buf.weights.data(),
-                                     {d.batch, d.num_heads, d.query_len, d.key_len}};
+        weights =
+            mha::MutableTensor{buf.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
     const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
     for (auto _ : state) {
@@ -146,30 +146,42 @@ void stage(benchmark::State &state, const std::string &which, Dims d, int thread
         auto x = filled(Buffer<float>(E, Sq, B)), w = filled(Buffer<float>(E, E));
         auto bias = filled(Buffer<float>(E));
         Buffer<float> y(E, Sq, B);
-        run = [=]() mutable { return mha_linear_projection(x, w, bias, y); };
+        run = [=]() mutable {
+            return mha_linear_projection(x, w, bias, y);
+        };
         flops = 2.0 * B * Sq * E * E;
     } else if (which == "split_heads") {
         auto x = filled(Buffer<float>(E, Sq, B));
         Buffer<float> heads(hd, Sq, H, B);
-        run = [=]() mutable { return mha_split_heads(x, H, heads); };
+        run = [=]() mutable {
+            return mha_split_heads(x, H, heads);
+        };
     } else if (which == "scaled_scores") {
         auto q = filled(Buffer<float>(hd, Sq, H, B)), k = filled(Buffer<float>(hd, Sk, H, B));
         Buffer<float> s(Sk, Sq, H, B);
-        run = [=]() mutable { return mha_scaled_scores(q, k, s); };
+        run = [=]() mutable {
+            return mha_scaled_scores(q, k, s);
+        };
         flops = 2.0 * B * H * Sq * Sk * hd;
     } else if (which == "masked_softmax") {
         auto s = filled(Buffer<float>(Sk, Sq, H, B));
         Buffer<float> w(Sk, Sq, H, B);
-        run = [=]() mutable { return mha_masked_softmax_none(s, w); };
+        run = [=]() mutable {
+            return mha_masked_softmax_none(s, w);
+        };
     } else if (which == "attend_values") {
         auto w = filled(Buffer<float>(Sk, Sq, H, B)), v = filled(Buffer<float>(hd, Sk, H, B));
         Buffer<float> c(hd, Sq, H, B);
-        run = [=]() mutable { return mha_attend_values(w, v, c); };
+        run = [=]() mutable {
+            return mha_attend_values(w, v, c);
+        };
         flops = 2.0 * B * H * Sq * Sk * hd;
     } else {
         auto c = filled(Buffer<float>(hd, Sq, H, B));
         Buffer<float> m(E, Sq, B);
-        run = [=]() mutable { return mha_merge_heads(c, m); };
+        run = [=]() mutable {
+            return mha_merge_heads(c, m);
+        };
     }
     for (auto _ : state) {
         if (run() != 0) {
@@ -218,9 +230,10 @@ void register_all(const std::vector<int> &thread_counts) {
 
 int main(int argc, char **argv) {
     benchmark::Initialize(&argc, argv);  // takes Google Benchmark's --benchmark_* flags
-    CLI::App app("This project's forward pass and stages against OpenBLAS over the benchmark "
-                 "sweep (contract/mha_contract.h); Google Benchmark's --benchmark_* flags apply.",
-                 "mha_bench");
+    CLI::App app(
+        "This project's forward pass and stages against OpenBLAS over the benchmark "
+        "sweep (contract/mha_contract.h); Google Benchmark's --benchmark_* flags apply.",
+        "mha_bench");
     std::vector<int> thread_counts = {1, 2};
     app.add_option("--threads", thread_counts, "thread counts to run the forward pass at")
         ->check(CLI::Range(1, 1024))

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
-#include <optional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,10 +36,11 @@ struct Options {
 // The command line; nullopt when the program should exit with `exit_code`.
 std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     Options o;
-    CLI::App app("Runs the compiled multi-head attention kernels on random inputs: prints the "
-                 "dimension flow, the error against a double-precision reference and the "
-                 "forward pass's time.",
-                 "mha");
+    CLI::App app(
+        "Runs the compiled multi-head attention kernels on random inputs: prints the "
+        "dimension flow, the error against a double-precision reference and the "
+        "forward pass's time.",
+        "mha");
     const auto size = [&](const char *flag, int64_t &value, const char *what) {
         return app.add_option(flag, value, what)
             ->check(mha::tools::positive_integer())
@@ -48,11 +49,11 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     };
     size("--batch", o.dims.batch, "batch size B");
     size("--query-len", o.dims.query_len, "query length Sq");
-    CLI::Option *key_len =
-        app.add_option("--key-len", o.dims.key_len, "key/value length Sk (default: Sq, "
-                                                    "self-attention)")
-            ->check(mha::tools::positive_integer())
-            ->type_name("N");
+    CLI::Option *key_len = app.add_option("--key-len", o.dims.key_len,
+                                          "key/value length Sk (default: Sq, "
+                                          "self-attention)")
+                               ->check(mha::tools::positive_integer())
+                               ->type_name("N");
     size("--embed-dim", o.dims.embed_dim, "embedding dimension E");
     size("--heads", o.dims.num_heads, "number of heads H, dividing E");
     std::vector<std::string> masks;
@@ -73,10 +74,12 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
         ->check(CLI::IsMember(devices))
         ->type_name("DEVICE")
         ->capture_default_str();
-    app.add_flag("--no-weights", [&](int64_t) { o.return_weights = false; },
-                 "do not return the attention weights");
-    app.add_flag("--no-check", [&](int64_t) { o.check = false; },
-                 "skip the double-precision reference (for large shapes)");
+    app.add_flag(
+        "--no-weights", [&](int64_t) { o.return_weights = false; },
+        "do not return the attention weights");
+    app.add_flag(
+        "--no-check", [&](int64_t) { o.check = false; },
+        "skip the double-precision reference (for large shapes)");
     app.add_option("--repeats", o.repeats, "timed forward passes")
         ->check(CLI::Range(1, 1 << 20))
         ->type_name("N")
@@ -103,8 +106,8 @@ int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
                mha::dispatched_isa());
-    fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} arguments\n", "name", "device",
-               "isa", "buckets", "mask", "qkv", "wts");
+    fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} arguments\n", "name", "device", "isa",
+               "buckets", "mask", "qkv", "wts");
     for (const mha::KernelInfo &k : kernels) {
         fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} {}\n", k.name,
                    mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
@@ -127,9 +130,10 @@ void print_dimension_flow(const Dims &d) {
         fmt::print("  -> {:<22} {}\n", stage, s);
     };
     fmt::print("     {:<22} {}\n", "input",
-               self ? shape({B, Sq, E}) : shape({B, Sq, E}) + " query, " + shape({B, Sk, E}) + " key/value");
-    line("projected Q/K/V", self ? shape({B, Sq, E})
-                                 : shape({B, Sq, E}) + " Q, " + shape({B, Sk, E}) + " K/V");
+               self ? shape({B, Sq, E})
+                    : shape({B, Sq, E}) + " query, " + shape({B, Sk, E}) + " key/value");
+    line("projected Q/K/V",
+         self ? shape({B, Sq, E}) : shape({B, Sq, E}) + " Q, " + shape({B, Sk, E}) + " K/V");
     line("heads", self ? shape({B, H, Sq, hd})
                        : shape({B, H, Sq, hd}) + " Q, " + shape({B, H, Sk, hd}) + " K/V");
     line("scores", shape({B, H, Sq, Sk}));
@@ -156,8 +160,8 @@ int run(const Options &o) {
     const mha::MutableTensor output_view{output.data(), {d.batch, d.query_len, d.embed_dim}};
     std::optional<mha::MutableTensor> weights_view;
     if (o.return_weights) {
-        weights_view = mha::MutableTensor{weights.data(),
-                                          {d.batch, d.num_heads, d.query_len, d.key_len}};
+        weights_view =
+            mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
     const auto forward = [&] {
         module.forward(mha::reference::query_view(problem), mha::reference::key_view(problem),
@@ -165,21 +169,23 @@ int run(const Options &o) {
                        mha::reference::mask_view(problem), weights_view);
     };
 
-    fmt::print("mha: {}-attention, batch {}, query length {}, key length {}, embed_dim {}, {} "
-               "heads of {}, mask {}, weights {}\n",
-               self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim,
-               d.num_heads, d.head_dim(), o.mask, o.return_weights ? "returned" : "not returned");
+    fmt::print(
+        "mha: {}-attention, batch {}, query length {}, key length {}, embed_dim {}, {} "
+        "heads of {}, mask {}, weights {}\n",
+        self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads,
+        d.head_dim(), o.mask, o.return_weights ? "returned" : "not returned");
     print_dimension_flow(d);
 
-    fmt::print("kernel: {}\n",
-               module.kernel_name(mha::reference::query_view(problem),
-                                  mha::reference::key_view(problem),
-                                  mha::reference::value_view(problem),
-                                  mha::reference::mask_view(problem), o.return_weights));
+    fmt::print(
+        "kernel: {}\n",
+        module.kernel_name(mha::reference::query_view(problem), mha::reference::key_view(problem),
+                           mha::reference::value_view(problem), mha::reference::mask_view(problem),
+                           o.return_weights));
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);
-        fmt::print("error against the double-precision reference (max |error| / max |reference|):\n");
+        fmt::print(
+            "error against the double-precision reference (max |error| / max |reference|):\n");
         fmt::print("  output  {:.2e}  (relative L2 {:.2e})\n",
                    mha::reference::max_relative_error(output, want.output),
                    mha::reference::relative_l2(output, want.output));

@@ -118,8 +118,8 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
         }
         for (const ForwardVariant &v : kForwardVariants) {
             rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
-                            g.device, -1, kAllBuckets, v,
-                            with_kernel_features(g.halide_target), ""});
+                            g.device, -1, kAllBuckets, v, with_kernel_features(g.halide_target),
+                            ""});
         }
     }
     return rows;
@@ -139,9 +139,8 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
     }
     out << ")\n";
     for (const KernelRow &r : rows) {
-        out << "mha_forward_kernel(" << r.name << " DEVICE " << device_name(r.device)
-            << " TARGET " << r.target << "\n    PARAMS mask_kind="
-            << mask_kind_name(r.variant.mask_kind)
+        out << "mha_forward_kernel(" << r.name << " DEVICE " << device_name(r.device) << " TARGET "
+            << r.target << "\n    PARAMS mask_kind=" << mask_kind_name(r.variant.mask_kind)
             << " return_weights=" << bool_name(r.variant.returns_weights)
             << " fused_qkv=" << bool_name(r.variant.fused_qkv);
         if (!r.schedule.empty()) {
@@ -180,8 +179,10 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device)
                 << r.buckets << ", " << variant_initializer(r.variant) << ", &" << r.name
                 << "_argv},\n";
     }
-    out << "\nnamespace mha::detail {\n\n" << checks.str() << "\nnamespace {\n"
-        << "const ForwardKernel kKernels[] = {\n" << entries.str() << "};\n}  // namespace\n\n";
+    out << "\nnamespace mha::detail {\n\n"
+        << checks.str() << "\nnamespace {\n"
+        << "const ForwardKernel kKernels[] = {\n"
+        << entries.str() << "};\n}  // namespace\n\n";
     if (device == mha::Device::cpu) {
         out << "const KernelComponent &cpu_kernels() {\n"
                "    static const KernelComponent component{Device::cpu, kKernels, "
@@ -191,7 +192,8 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device)
         out << "}  // namespace mha::detail\n\n"
             << "extern \"C\" const mha::detail::KernelComponent *mha_detail_" << dev
             << "_kernels() {\n    static const mha::detail::KernelComponent component{"
-            << "mha::Device::" << dev << ", mha::detail::kKernels, std::size(mha::detail::kKernels), "
+            << "mha::Device::" << dev
+            << ", mha::detail::kKernels, std::size(mha::detail::kKernels), "
             << "&halide_" << dev << "_device_interface};\n    return &component;\n}\n";
     }
     return out.str();

@@ -117,8 +117,8 @@ struct BucketSpec {
 inline constexpr std::array kShapeBuckets = {
     BucketSpec{ShapeBucket::small, "small", 64, {2, 5, 5, 512, 8}},
     BucketSpec{ShapeBucket::medium, "medium", 1024, {4, 256, 256, 512, 8}},
-    BucketSpec{ShapeBucket::large, "large", std::numeric_limits<int64_t>::max(),
-               {1, 2048, 2048, 512, 8}},
+    BucketSpec{
+        ShapeBucket::large, "large", std::numeric_limits<int64_t>::max(), {1, 2048, 2048, 512, 8}},
 };
 // The name of a kernel that serves every bucket.
 inline constexpr std::string_view kAnyBucket = "any";
@@ -336,10 +336,10 @@ inline constexpr int kQkvProjections = 3;
 // fused QKV kernels). The CPU benchmarks, the GPU benchmark and mha-tune's verification and
 // comparison all take their shapes from here.
 inline constexpr std::array kBenchmarkSweep = {
-    ProblemShape{2, 5, 5, 512, 8},      ProblemShape{1, 128, 128, 512, 8},
-    ProblemShape{4, 256, 256, 512, 8},  ProblemShape{1, 512, 512, 768, 12},
+    ProblemShape{2, 5, 5, 512, 8},         ProblemShape{1, 128, 128, 512, 8},
+    ProblemShape{4, 256, 256, 512, 8},     ProblemShape{1, 512, 512, 768, 12},
     ProblemShape{1, 1024, 1024, 1024, 16}, ProblemShape{1, 2048, 2048, 512, 8},
-    ProblemShape{1, 64, 2048, 512, 8},  ProblemShape{1, 1, 4096, 512, 8},
+    ProblemShape{1, 64, 2048, 512, 8},     ProblemShape{1, 1, 4096, 512, 8},
 };
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {

@@ -52,9 +52,9 @@ struct ForwardInputs {
 struct ForwardStages {
     StageVars v;
     Halide::Expr head_dim, query_len, num_keys;
-    Halide::Expr mask_keys_dense;  // see ForwardInputs
+    Halide::Expr mask_keys_dense;               // see ForwardInputs
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
-    Halide::Func q_proj, k_proj, v_proj;         // (e, s, b) views of the projections' rows
+    Halide::Func q_proj, k_proj, v_proj;        // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
     ScaledScores scores;                    // read by the softmax weights
     std::vector<ScaledScores> stat_scores;  // {for the row max, for the row sum}, or none
@@ -80,14 +80,16 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");
         f.q_proj = token_view(v, qkv.result, Sq, 0, "q_proj");
-        f.k_proj = token_view(v, qkv.result, Sq, contract::qkv_block_offset(1, in.padded), "k_proj");
-        f.v_proj = token_view(v, qkv.result, Sq, contract::qkv_block_offset(2, in.padded), "v_proj");
+        f.k_proj =
+            token_view(v, qkv.result, Sq, contract::qkv_block_offset(1, in.padded), "k_proj");
+        f.v_proj =
+            token_view(v, qkv.result, Sq, contract::qkv_block_offset(2, in.padded), "v_proj");
         f.input_projections = {qkv};
     } else {
         f.input_projections = {
             linear_projection(v, query_rows, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
-            linear_projection(v, token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t,
-                              in.k_bias, in.embed_dim, "k_proj"),
+            linear_projection(v, token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t, in.k_bias,
+                              in.embed_dim, "k_proj"),
             linear_projection(v, token_rows(v, in.value, Sk, B, "value_rows"), in.v_weight_t,
                               in.v_bias, in.embed_dim, "v_proj")};
         f.q_proj = token_view(v, f.input_projections[0].result, Sq, 0, "q_view");

@@ -5,9 +5,9 @@
 #include <map>
 
 #include "Halide.h"
+#include "contract_halide.h"
 #include "cpu_schedule.h"
 #include "gpu_schedule.h"
-#include "contract_halide.h"
 #include "mha_forward.h"
 
 namespace {
@@ -33,9 +33,7 @@ public:
     GeneratorParam<int> est_embed_dim{"est_embed_dim", 512};
     GeneratorParam<int> est_heads{"est_heads", 8};
 
-    mha::contract::ForwardVariant variant() const {
-        return {mask_kind, return_weights, fused_qkv};
-    }
+    mha::contract::ForwardVariant variant() const { return {mask_kind, return_weights, fused_qkv}; }
 
     // The variant's arguments, in the contract's order, so that the generated function takes
     // exactly what the runtime passes (checked again at compile time by the runtime).
@@ -179,10 +177,12 @@ public:
     Output<int32_t> isa_index{"isa_index"};
 
     void generate() {
-        const std::optional<size_t> index = mha::contract::cpu_isa_index(mha::cpu_isa_of(get_target()).name);
+        const std::optional<size_t> index =
+            mha::contract::cpu_isa_index(mha::cpu_isa_of(get_target()).name);
         if (!index) {
-            throw CompileError("the probe is built for the contract's CPU instruction sets only, not " +
-                               get_target().to_string());
+            throw CompileError(
+                "the probe is built for the contract's CPU instruction sets only, not " +
+                get_target().to_string());
         }
         isa_index() = int32_t(*index);
     }

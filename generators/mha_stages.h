@@ -32,8 +32,9 @@ inline constexpr float kMaskedScore = -1e9f;
 // nn.Linear applies to every token alike, so a projection sees [B, S, E] as B·S rows:
 // rows(e, r) = x(e, r mod S, r / S). Rows past the end repeat the last token, so that schedules
 // may compute whole tiles of rows.
-inline Halide::Func token_rows(const StageVars &v, const Halide::Func &x, const Halide::Expr &seq_len,
-                               const Halide::Expr &batch, const std::string &name) {
+inline Halide::Func token_rows(const StageVars &v, const Halide::Func &x,
+                               const Halide::Expr &seq_len, const Halide::Expr &batch,
+                               const std::string &name) {
     Halide::Func rows(name);
     Halide::Expr r = Halide::clamp(v.r, 0, seq_len * batch - 1);
     rows(v.e, v.r) = x(v.e, r % seq_len, r / seq_len);
@@ -126,15 +127,20 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
         return masked;
     };
     MaskedSoftmax m{masked_scores(scores.for_weights, "masked_scores"),
-                    Func("row_max"),       Func("exps"),
-                    Func("row_sum"),       Func("inv_row_sum"),
-                    Func("masked_softmax"), RDom(0, num_keys, "max_j"), RDom(0, num_keys, "sum_j")};
+                    Func("row_max"),
+                    Func("exps"),
+                    Func("row_sum"),
+                    Func("inv_row_sum"),
+                    Func("masked_softmax"),
+                    RDom(0, num_keys, "max_j"),
+                    RDom(0, num_keys, "sum_j")};
     const bool shared = scores.for_max.name() == scores.for_weights.name();
     const Func masked_for_max = shared ? m.masked : masked_scores(scores.for_max, "masked_for_max");
     const Func masked_for_sum = shared ? m.masked : masked_scores(scores.for_sum, "masked_for_sum");
     // The row reductions are explicit updates, so that schedules can vectorize them (rfactor).
     m.row_max(v.i, v.h, v.b) = Float(32).min();
-    m.row_max(v.i, v.h, v.b) = max(m.row_max(v.i, v.h, v.b), masked_for_max(m.max_j, v.i, v.h, v.b));
+    m.row_max(v.i, v.h, v.b) =
+        max(m.row_max(v.i, v.h, v.b), masked_for_max(m.max_j, v.i, v.h, v.b));
     m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     Func exps_for_sum = m.exps;
     if (!shared) {

@@ -206,9 +206,8 @@ std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims
     return weights;
 }
 
-std::vector<double> attend_values(const std::vector<double> &weights,
-                                  const std::vector<double> &v, int64_t BH, int64_t Sq,
-                                  int64_t Sk, int64_t d) {
+std::vector<double> attend_values(const std::vector<double> &weights, const std::vector<double> &v,
+                                  int64_t BH, int64_t Sq, int64_t Sk, int64_t d) {
     std::vector<double> out(BH * Sq * d, 0.0);
     for (int64_t n = 0; n < BH; n++)
         for (int64_t i = 0; i < Sq; i++)
@@ -226,8 +225,8 @@ Result forward(const Problem &p) {
     const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
     const auto k = linear(to_double(p.key), B * Sk, E, p.weight[1], p.bias[1]);
     const auto v = linear(to_double(p.value), B * Sk, E, p.weight[2], p.bias[2]);
-    const auto scores = scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d),
-                                      B * H, Sq, Sk, d);
+    const auto scores =
+        scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d), B * H, Sq, Sk, d);
     Result r;
     r.weights = masked_softmax(scores, m, p.mask_convention, p.mask_shape, p.mask);
     const auto context = attend_values(r.weights, split_heads(v, B, Sk, H, d), B * H, Sq, Sk, d);

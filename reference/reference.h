@@ -68,9 +68,8 @@ std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims
                                    const std::vector<int64_t> &mask_shape,
                                    const std::vector<uint8_t> &mask);
 // [B, H, Sq, Sk] x [B, H, Sk, d] -> [B, H, Sq, d].
-std::vector<double> attend_values(const std::vector<double> &weights,
-                                  const std::vector<double> &v, int64_t BH, int64_t Sq,
-                                  int64_t Sk, int64_t d);
+std::vector<double> attend_values(const std::vector<double> &weights, const std::vector<double> &v,
+                                  int64_t BH, int64_t Sq, int64_t Sk, int64_t d);
 
 // Whether the mask blocks position (b, h, i, j), broadcasting its shape.
 bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shape,

@@ -21,14 +21,18 @@ inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at
                                    const Halide::Var &cols, const Halide::Var &rows,
                                    const Halide::RVar &k, int vec) {
     using Halide::MemoryType;
-    acc.compute_at(at).store_in(MemoryType::Register).vectorize(cols, vec).unroll(cols).unroll(rows);
+    acc.compute_at(at)
+        .store_in(MemoryType::Register)
+        .vectorize(cols, vec)
+        .unroll(cols)
+        .unroll(rows);
     acc.update().reorder(cols, rows, k).vectorize(cols, vec).unroll(cols).unroll(rows);
 }
 
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
 // tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
 inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
-                                       const ScheduleParams &sp) {
+                                        const ScheduleParams &sp) {
     using namespace Halide;
     const auto whole = TailStrategy::RoundUp;
     const int cols = sp.vector_lanes * sp.proj_vectors;
@@ -57,8 +61,7 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
 // and weights·V all stay in tile-sized buffers, so without weights requested no
 // [B, H, Sq, Sk] tensor exists. With `weights_are_output`, softmax.weights is the pipeline's
 // weights output, written once, and weights·V reads it back.
-inline void schedule_forward(ForwardStages &f, bool weights_are_output,
-                             const ScheduleParams &sp) {
+inline void schedule_forward(ForwardStages &f, bool weights_are_output, const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
     const int vec = sp.vector_lanes;
@@ -130,8 +133,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         .vectorize(ci, vec)
         .unroll(ci)
         .unroll(pii);
-    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i,
-                           f.context.j.x, vec);
+    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i, f.context.j.x,
+                           vec);
 
     // Scores and softmax live in tile buffers allocated once per task: per attention tile of
     // weights·V, or per row block of the weights output when the caller asked for the weights.

@@ -35,8 +35,7 @@ struct ScheduleParams {
 // Stages `f` (as read by `consumer`) in shared memory at `level`, loaded cooperatively by a
 // threads_x x threads_y grid, each thread loading a strided share of the tile.
 inline Halide::Func stage_in_shared(Halide::Func f, const Halide::Func &consumer,
-                                    const Halide::LoopLevel &level, int threads_x,
-                                    int threads_y) {
+                                    const Halide::LoopLevel &level, int threads_x, int threads_y) {
     using namespace Halide;
     Func staged = f.in(consumer);
     std::vector<Var> a = staged.args();
@@ -99,8 +98,7 @@ inline void schedule_head_copy(const StageVars &v, Halide::Func heads) {
         .gpu_threads(v.c, si);
 }
 
-inline void schedule_forward(ForwardStages &f, bool weights_are_output,
-                             const ScheduleParams &sp) {
+inline void schedule_forward(ForwardStages &f, bool weights_are_output, const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
     const auto whole = TailStrategy::RoundUp;
@@ -189,9 +187,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output,
         for (Func stat : {sm.row_max, sm.row_sum}) {
             stat.update().gpu_threads(v.i);
         }
-        sm.weights.compute_at(key_tile)
-            .store_in(MemoryType::GPUShared)
-            .gpu_threads(v.j, v.i);
+        sm.weights.compute_at(key_tile).store_in(MemoryType::GPUShared).gpu_threads(v.j, v.i);
         f.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
         stage_in_shared(f.k_heads, f.scores.dot, key_tile, threads_x, rows);
         stage_in_shared(f.q_heads, f.scores.dot, LoopLevel(context_tiles, co), threads_x, rows);

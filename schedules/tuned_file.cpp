@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace mha::cpu {
@@ -23,8 +22,8 @@ const json &member(const json &object, const char *key, bool (json::*type)() con
         throw TunedFileError(describe(path, where + "has no \"" + key + "\""));
     }
     if (!((*it).*type)()) {
-        throw TunedFileError(describe(path, where + "\"" + key + "\" is " + it->dump() +
-                                                ", not " + type_name));
+        throw TunedFileError(
+            describe(path, where + "\"" + key + "\" is " + it->dump() + ", not " + type_name));
     }
     return *it;
 }
@@ -44,8 +43,8 @@ ScheduleParams params_from_json(const json &params, const contract::CpuIsa &isa,
     ScheduleParams p = ScheduleParams::defaults(isa);
     for (const auto &[name, value] : params.items()) {
         if (ScheduleParams::field(name) == nullptr) {
-            throw TunedFileError(where + "unknown parameter \"" + name +
-                                 "\" (the parameters are " + ScheduleParams().to_string() + ")");
+            throw TunedFileError(where + "unknown parameter \"" + name + "\" (the parameters are " +
+                                 ScheduleParams().to_string() + ")");
         }
         if (!value.is_number_integer()) {
             throw TunedFileError(where + "parameter " + name + " is " + value.dump() +
@@ -101,8 +100,8 @@ TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) 
     };
     const std::string format = text(doc, "format");
     if (format != kTunedFileFormat) {
-        throw TunedFileError(describe(path, "format is \"" + format + "\", expected \"" +
-                                                kTunedFileFormat + "\""));
+        throw TunedFileError(
+            describe(path, "format is \"" + format + "\", expected \"" + kTunedFileFormat + "\""));
     }
     file.isa = text(doc, "isa");
     file.target = text(doc, "target");
@@ -124,9 +123,9 @@ TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) 
         }
         TunedBucket t;
         t.bucket = *bucket;
-        t.params = params_from_json(
-            member(entry, "params", &json::is_object, "an object", path, where), isa,
-            describe(path, where));
+        t.params =
+            params_from_json(member(entry, "params", &json::is_object, "an object", path, where),
+                             isa, describe(path, where));
         t.kept_defaults =
             member(entry, "kept_defaults", &json::is_boolean, "true or false", path, where)
                 .get<bool>();
@@ -162,11 +161,16 @@ void write_tuned_file(const std::string &path, const TunedFile &file) {
                 {"buckets", json::object()}};
     for (const TunedBucket &t : file.buckets) {
         doc["buckets"][std::string(contract::bucket_spec(t.bucket).name)] = {
-            {"params", params_to_json(t.params)}, {"kept_defaults", t.kept_defaults},
-            {"search_gain", t.search_gain},    {"verified_gain", t.verified_gain},
-            {"bucket_gain", t.bucket_gain},    {"noise", t.noise},
-            {"candidates", t.candidates},      {"schedule_hash", t.schedule_hash},
-            {"date", t.date},                  {"machine", t.machine}};
+            {"params", params_to_json(t.params)},
+            {"kept_defaults", t.kept_defaults},
+            {"search_gain", t.search_gain},
+            {"verified_gain", t.verified_gain},
+            {"bucket_gain", t.bucket_gain},
+            {"noise", t.noise},
+            {"candidates", t.candidates},
+            {"schedule_hash", t.schedule_hash},
+            {"date", t.date},
+            {"machine", t.machine}};
     }
     // Written whole to a temporary, then renamed: a reader never sees half a file.
     const std::string temporary = path + ".tmp";

@@ -18,14 +18,14 @@ inline constexpr const char *kTunedFileFormat = "mha-tuned-schedule/2";
 // What the tuner decided for one bucket.
 struct TunedBucket {
     contract::ShapeBucket bucket;
-    ScheduleParams params;       // the winner, or the defaults it was measured against
-    bool kept_defaults = true;   // no candidate beat the defaults by more than the noise
-    double search_gain = 1;      // winner over defaults on the tuning shape, during the search
-    double verified_gain = 1;    // the same, re-measured in the verification
-    double bucket_gain = 1;      // geometric mean over the bucket's verification shapes
-    double noise = 0;            // spread of defaults against themselves, as a fraction
-    int candidates = 0;          // measured in the search
-    std::string schedule_hash;   // of the schedule code it was measured on
+    ScheduleParams params;      // the winner, or the defaults it was measured against
+    bool kept_defaults = true;  // no candidate beat the defaults by more than the noise
+    double search_gain = 1;     // winner over defaults on the tuning shape, during the search
+    double verified_gain = 1;   // the same, re-measured in the verification
+    double bucket_gain = 1;     // geometric mean over the bucket's verification shapes
+    double noise = 0;           // spread of defaults against themselves, as a fraction
+    int candidates = 0;         // measured in the search
+    std::string schedule_hash;  // of the schedule code it was measured on
     std::string date, machine;
 };
 

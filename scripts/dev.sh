@@ -21,7 +21,7 @@ python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
 bench_requirements=(torch==2.15.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
-                 libopenblas-dev binutils)
+                 libopenblas-dev binutils clang-format)
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -60,7 +60,7 @@ configure_and_build() {
         log "configuring $build"
         "$venv/bin/cmake" -S "$root" -B "$build" -G Ninja \
             -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
-            -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_BUILD_TYPE=Release -DMHA_WARNINGS_AS_ERRORS=ON \
             -DHalide_ROOT="$halide_root" -DHalide_DIR="$halide_root/lib64/cmake/Halide" "$@"
     fi
     "$venv/bin/cmake" --build "$build"

@@ -36,7 +36,9 @@ protected:
         return {{p.weight[l].data(), {d.embed_dim, d.embed_dim}},
                 mha::Tensor{p.bias[l].data(), {d.embed_dim}}};
     }
-    mha::MutableTensor output_view() { return {output.data(), {d.batch, d.query_len, d.embed_dim}}; }
+    mha::MutableTensor output_view() {
+        return {output.data(), {d.batch, d.query_len, d.embed_dim}};
+    }
     mha::MutableTensor weights_view() {
         return {weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
@@ -65,14 +67,17 @@ TEST_F(ModuleErrors, NonPositiveSizes) {
 
 TEST_F(ModuleErrors, WeightAndBiasShapes) {
     const mha::Linear bad_weight{{p.weight[1].data(), {12, 11}}, std::nullopt};
-    expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), bad_weight, linear(2), linear(3)); },
-                 "k_proj.weight has shape [12, 11] but must be [12, 12]");
-    const mha::Linear bad_bias{{p.weight[3].data(), {12, 12}}, mha::Tensor{p.bias[3].data(), {13}}};
+    expect_error(
+        [&] { mha::MultiHeadAttention(12, 3, linear(0), bad_weight, linear(2), linear(3)); },
+        "k_proj.weight has shape [12, 11] but must be [12, 12]");
+    mha::Linear bad_bias = linear(3);
+    bad_bias.bias = mha::Tensor{p.bias[3].data(), {13}};
     expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), linear(1), linear(2), bad_bias); },
                  "out_proj.bias has shape [13] but must be [12]");
     const mha::Linear null_weight{{nullptr, {12, 12}}, std::nullopt};
-    expect_error([&] { mha::MultiHeadAttention(12, 3, null_weight, linear(1), linear(2), linear(3)); },
-                 "q_proj.weight has a null data pointer");
+    expect_error(
+        [&] { mha::MultiHeadAttention(12, 3, null_weight, linear(1), linear(2), linear(3)); },
+        "q_proj.weight has a null data pointer");
 }
 
 TEST_F(ModuleErrors, KeyAndValueRowsDiffer) {
@@ -82,7 +87,8 @@ TEST_F(ModuleErrors, KeyAndValueRowsDiffer) {
 
 TEST_F(ModuleErrors, BatchMismatch) {
     const mha::Tensor one_batch_key{p.key.data(), {1, 7, 12}};
-    expect_error([&] { forward(q(), one_batch_key, v()); }, "key has batch 1 but query has batch 2");
+    expect_error([&] { forward(q(), one_batch_key, v()); },
+                 "key has batch 1 but query has batch 2");
 }
 
 TEST_F(ModuleErrors, EmbedDimMismatch) {
@@ -118,15 +124,27 @@ TEST_F(ModuleErrors, OutputAndWeightsShapes) {
 
 TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
     std::vector<uint8_t> m(2 * 3 * 5 * 7, 1);
-    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {5, 6}}, MaskConvention::keep}); },
-                 "mask has shape [5, 6] which does not broadcast to [B, H, Sq, Sk] = [2, 3, 5, 7]: "
-                 "dimension 1 is 6, but key length is 7");
-    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {3, 1, 1, 7}}, MaskConvention::block}); },
-                 "dimension 0 is 3, but batch is 2");
-    expect_error([&] { forward(q(), k(), v(), mha::Mask{{m.data(), {1, 2, 3, 5, 7}}, MaskConvention::keep}); },
-                 "mask has shape [1, 2, 3, 5, 7] but must have 1 to 4 dimensions");
-    expect_error([&] { forward(q(), k(), v(), mha::Mask{{nullptr, {5, 7}}, MaskConvention::keep}); },
-                 "mask has a null data pointer");
+    expect_error(
+        [&] {
+            forward(q(), k(), v(), mha::Mask{{m.data(), {5, 6}}, MaskConvention::keep});
+        },
+        "mask has shape [5, 6] which does not broadcast to [B, H, Sq, Sk] = [2, 3, 5, 7]: "
+        "dimension 1 is 6, but key length is 7");
+    expect_error(
+        [&] {
+            forward(q(), k(), v(), mha::Mask{{m.data(), {3, 1, 1, 7}}, MaskConvention::block});
+        },
+        "dimension 0 is 3, but batch is 2");
+    expect_error(
+        [&] {
+            forward(q(), k(), v(), mha::Mask{{m.data(), {1, 2, 3, 5, 7}}, MaskConvention::keep});
+        },
+        "mask has shape [1, 2, 3, 5, 7] but must have 1 to 4 dimensions");
+    expect_error(
+        [&] {
+            forward(q(), k(), v(), mha::Mask{{nullptr, {5, 7}}, MaskConvention::keep});
+        },
+        "mask has a null data pointer");
 }
 
 TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {

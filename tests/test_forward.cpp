@@ -34,7 +34,8 @@ void expect_matches_reference(const Problem &p, bool with_weights) {
 
 TEST(SeedExample, ShapesAndValuesMatchTheArticle) {
     // batch 2, sequence 5, embed 512, 8 heads: output [2, 5, 512], weights [2, 8, 5, 5].
-    const Problem p = mha::reference::random_problem({2, 5, 5, 512, 8}, mha::testing::next_seed(), true);
+    const Problem p =
+        mha::reference::random_problem({2, 5, 5, 512, 8}, mha::testing::next_seed(), true);
     const ForwardResult got = run_forward(p, true);
     ASSERT_EQ(got.output.size(), 2u * 5 * 512);
     ASSERT_EQ(got.weights.size(), 2u * 8 * 5 * 5);
@@ -77,7 +78,8 @@ TEST_P(ForwardShapes, MatchesReferenceWithoutWeights) {
 TEST_P(ForwardShapes, SelfAttentionMatchesReference) {
     Dims d = GetParam().dims;
     d.key_len = d.query_len;
-    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed(), true), true);
+    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed(), true),
+                             true);
 }
 
 TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
@@ -109,22 +111,43 @@ INSTANTIATE_TEST_SUITE_P(Awkward, ForwardShapes, ::testing::ValuesIn(kShapes),
                          [](const auto &info) { return std::string(info.param.name); });
 
 // Both mask conventions at every broadcast shape.
+enum class MaskShape { sq_sk, key_padding, b1_sq_sk, full, per_query_row, keys_only };
+
+// The mask's own shape, which broadcasts to [B, H, Sq, Sk].
+std::vector<int64_t> mask_shape(MaskShape shape, const Dims &d) {
+    switch (shape) {
+    case MaskShape::sq_sk:
+        return {d.query_len, d.key_len};
+    case MaskShape::key_padding:
+        return {d.batch, 1, 1, d.key_len};
+    case MaskShape::b1_sq_sk:
+        return {d.batch, 1, d.query_len, d.key_len};
+    case MaskShape::full:
+        return {d.batch, d.num_heads, d.query_len, d.key_len};
+    case MaskShape::per_query_row:
+        return {d.query_len, 1};
+    case MaskShape::keys_only:
+        return {d.key_len};
+    }
+    return {};
+}
+
 struct MaskCase {
     const char *name;
     MaskConvention convention;
-    std::vector<int64_t> (*shape)(const Dims &);
+    MaskShape shape;
 };
 const MaskCase kMasks[] = {
-    {"keep_sq_sk", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.query_len, d.key_len}; }},
-    {"block_sq_sk", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.query_len, d.key_len}; }},
-    {"keep_padding", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, 1, d.key_len}; }},
-    {"block_padding", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, 1, d.key_len}; }},
-    {"keep_b1_sq_sk", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, d.query_len, d.key_len}; }},
-    {"block_b1_sq_sk", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, 1, d.query_len, d.key_len}; }},
-    {"keep_full", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.batch, d.num_heads, d.query_len, d.key_len}; }},
-    {"block_full", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.batch, d.num_heads, d.query_len, d.key_len}; }},
-    {"keep_per_query_row", MaskConvention::keep, [](const Dims &d) { return std::vector<int64_t>{d.query_len, 1}; }},
-    {"block_keys_only", MaskConvention::block, [](const Dims &d) { return std::vector<int64_t>{d.key_len}; }},
+    {"keep_sq_sk", MaskConvention::keep, MaskShape::sq_sk},
+    {"block_sq_sk", MaskConvention::block, MaskShape::sq_sk},
+    {"keep_padding", MaskConvention::keep, MaskShape::key_padding},
+    {"block_padding", MaskConvention::block, MaskShape::key_padding},
+    {"keep_b1_sq_sk", MaskConvention::keep, MaskShape::b1_sq_sk},
+    {"block_b1_sq_sk", MaskConvention::block, MaskShape::b1_sq_sk},
+    {"keep_full", MaskConvention::keep, MaskShape::full},
+    {"block_full", MaskConvention::block, MaskShape::full},
+    {"keep_per_query_row", MaskConvention::keep, MaskShape::per_query_row},
+    {"block_keys_only", MaskConvention::block, MaskShape::keys_only},
 };
 
 class ForwardMasks : public ::testing::TestWithParam<MaskCase> {};
@@ -132,7 +155,7 @@ class ForwardMasks : public ::testing::TestWithParam<MaskCase> {};
 TEST_P(ForwardMasks, MatchesReference) {
     for (const Dims d : {Dims{2, 7, 11, 12, 3}, Dims{3, 5, 5, 40, 4}, Dims{1, 1, 13, 8, 2}}) {
         Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-        mha::reference::add_random_mask(p, GetParam().convention, GetParam().shape(d),
+        mha::reference::add_random_mask(p, GetParam().convention, mask_shape(GetParam().shape, d),
                                         mha::testing::next_seed());
         SCOPED_TRACE(::testing::Message() << "B " << d.batch << " Sq " << d.query_len);
         expect_matches_reference(p, true);
@@ -147,7 +170,8 @@ INSTANTIATE_TEST_SUITE_P(BothConventions, ForwardMasks, ::testing::ValuesIn(kMas
 TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
     const Dims d{2, 6, 9, 16, 4};
     Problem keep = mha::reference::random_problem(d, mha::testing::next_seed());
-    mha::reference::add_random_mask(keep, MaskConvention::keep, {d.batch, 1, d.query_len, d.key_len},
+    mha::reference::add_random_mask(keep, MaskConvention::keep,
+                                    {d.batch, 1, d.query_len, d.key_len},
                                     mha::testing::next_seed());
     Problem block = keep;
     block.mask_convention = MaskConvention::block;
@@ -163,7 +187,8 @@ TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
     const Dims d{2, 4, 7, 12, 3};
     for (MaskConvention convention : {MaskConvention::keep, MaskConvention::block}) {
         Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len}, mha::testing::next_seed());
+        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len},
+                                        mha::testing::next_seed());
         const uint8_t blocked = convention == MaskConvention::keep ? 0 : 1;
         for (int64_t j = 0; j < d.key_len; j++) {
             p.mask[2 * d.key_len + j] = blocked;  // query row 2 sees no key

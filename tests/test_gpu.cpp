@@ -37,7 +37,8 @@ class OpenCl : public ::testing::Test {
 protected:
     void SetUp() override {
         try {
-            mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 4, 1}, 1), Device::opencl);
+            mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 4, 1}, 1),
+                                        Device::opencl);
         } catch (const mha::Error &e) {
             if (std::getenv("CI") != nullptr) {
                 FAIL() << "OpenCL is required in CI: " << e.what();
@@ -70,11 +71,13 @@ TEST_P(OpenClCases, MatchesReference) {
     const GpuCase &c = GetParam();
     Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
     if (c.mask) {
-        mha::reference::add_random_mask(p, *c.mask, {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
+        mha::reference::add_random_mask(p, *c.mask,
+                                        {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
                                         mha::testing::next_seed());
     }
     const auto module = mha::reference::make_module(p, Device::opencl);
-    expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
+    expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights),
+                             c.with_weights);
 }
 
 INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
@@ -83,11 +86,13 @@ INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
 TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
     const Dims d{1, 3, 6, 8, 2};
     Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len}, mha::testing::next_seed());
+    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len},
+                                    mha::testing::next_seed());
     for (int64_t j = 0; j < d.key_len; j++) {
         p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
     }
-    const Result got = mha::reference::run_module(mha::reference::make_module(p, Device::opencl), p, true);
+    const Result got =
+        mha::reference::run_module(mha::reference::make_module(p, Device::opencl), p, true);
     for (int64_t h = 0; h < d.num_heads; h++) {
         for (int64_t j = 0; j < d.key_len; j++) {
             EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len, 1e-6);
@@ -176,9 +181,11 @@ TEST(Cuda, MatchesReference) {
         GTEST_SKIP() << "no CUDA driver: the CUDA kernels are compiled and linked, not run";
     }
     for (const GpuCase &c : kGpuCases) {
-        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
+        Problem p =
+            mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
         const auto module = mha::reference::make_module(p, Device::cuda);
-        expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights), c.with_weights);
+        expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights),
+                                 c.with_weights);
     }
 }
 

@@ -13,11 +13,11 @@
 TEST(IsaCap, DispatchRunsTheCappedInstructionSet) {
     const char *cap = std::getenv("MHA_CPU_ISA");
     ASSERT_NE(cap, nullptr) << "this binary is meant to run with MHA_CPU_ISA set";
-    for (const mha::reference::Dims d : {mha::reference::Dims{2, 5, 5, 40, 4},      // small
-                                         mha::reference::Dims{3, 100, 100, 24, 2},  // medium
+    for (const mha::reference::Dims d : {mha::reference::Dims{2, 5, 5, 40, 4},        // small
+                                         mha::reference::Dims{3, 100, 100, 24, 2},    // medium
                                          mha::reference::Dims{1, 1100, 7, 16, 2}}) {  // large
-        const auto p = mha::reference::random_problem(d, mha::testing::next_seed(),
-                                                      d.query_len == d.key_len);
+        const auto p =
+            mha::reference::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
         const auto module = mha::reference::make_module(p);
         const std::vector<float> out = mha::reference::run_module(module, p, false).output;
         EXPECT_EQ(mha::dispatched_isa(), cap);
@@ -35,8 +35,8 @@ TEST(IsaCap, UnknownNameIsAnError) {
     if (cap == nullptr || mha::contract::cpu_isa_index(cap)) {
         GTEST_SKIP() << "this test runs with MHA_CPU_ISA naming no instruction set";
     }
-    const std::string expected = "MHA_CPU_ISA is '" + std::string(cap) +
-                                 "', which is not one of avx512, avx2, sse41";
+    const std::string expected =
+        "MHA_CPU_ISA is '" + std::string(cap) + "', which is not one of avx512, avx2, sse41";
     const auto p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
     try {
         mha::reference::make_module(p);

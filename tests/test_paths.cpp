@@ -12,8 +12,8 @@
 #include "HalideRuntime.h"
 #include "halide_calls.h"
 #include "reference.h"
-#include "test_seed.h"
 #include "scratch_pool.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -65,7 +65,8 @@ TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
 }
 
 TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
-    Problem fused = mha::reference::random_problem({2, 6, 6, 20, 4}, mha::testing::next_seed(), true);
+    Problem fused =
+        mha::reference::random_problem({2, 6, 6, 20, 4}, mha::testing::next_seed(), true);
     Problem separate = fused;
     separate.self_attention = false;  // key and value are copies of query, not the same memory
     std::vector<float> out_fused, out_separate, w;
@@ -168,7 +169,8 @@ TEST(ScratchPool, FreedBlocksAreReusedAligned) {
 }
 
 TEST(ScratchPool, RepeatedCallsAllocateNothingNew) {
-    const Problem p = mha::reference::random_problem({2, 37, 37, 64, 2}, mha::testing::next_seed(), true);
+    const Problem p =
+        mha::reference::random_problem({2, 37, 37, 64, 2}, mha::testing::next_seed(), true);
     std::vector<float> out, w;
     run(p, false, out, w);
     const size_t after_first = mha::detail::scratch_cached_bytes();

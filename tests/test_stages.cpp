@@ -39,8 +39,8 @@ Buffer<T> view(std::vector<T> &data, std::vector<int> torch_shape) {
     return Buffer<T>(data.data(), halide_shape);
 }
 
-const Dims kStageDims[] = {{1, 1, 1, 1, 1}, {2, 5, 7, 12, 3}, {3, 13, 11, 20, 4},
-                           {1, 17, 3, 9, 1}, {2, 6, 19, 64, 2}};
+const Dims kStageDims[] = {
+    {1, 1, 1, 1, 1}, {2, 5, 7, 12, 3}, {3, 13, 11, 20, 4}, {1, 17, 3, 9, 1}, {2, 6, 19, 64, 2}};
 
 class Stages : public ::testing::TestWithParam<Dims> {};
 
@@ -52,15 +52,16 @@ TEST_P(Stages, LinearProjection) {
     auto bias = random_floats(E, mha::testing::next_seed());
     std::vector<float> w_t(E * E);
     for (int64_t o = 0; o < E; o++)
-        for (int64_t i = 0; i < E; i++) w_t[i * E + o] = w[o * E + i];
+        for (int64_t i = 0; i < E; i++)
+            w_t[i * E + o] = w[o * E + i];
     std::vector<float> y(rows * E);
     auto xb = view(x, {int(d.batch), int(d.query_len), int(E)});
     auto wb = view(w_t, {int(E), int(E)});
     auto bb = view(bias, {int(E)});
     auto yb = view(y, {int(d.batch), int(d.query_len), int(E)});
     ASSERT_EQ(mha_linear_projection(xb, wb, bb, yb), 0);
-    EXPECT_LT(mha::reference::relative_l2(y, mha::reference::linear(
-                                                 mha::reference::to_double(x), rows, E, w, bias)),
+    EXPECT_LT(mha::reference::relative_l2(
+                  y, mha::reference::linear(mha::reference::to_double(x), rows, E, w, bias)),
               kTolerance);
 }
 
@@ -109,11 +110,11 @@ TEST_P(Stages, ScaledScores) {
     auto kb = view(k, {int(B), int(H), int(Sk), int(hd)});
     auto sb = view(scores, {int(B), int(H), int(Sq), int(Sk)});
     ASSERT_EQ(mha_scaled_scores(qb, kb, sb), 0);
-    EXPECT_LT(mha::reference::relative_l2(
-                  scores, mha::reference::scaled_scores(mha::reference::to_double(q),
-                                                        mha::reference::to_double(k), B * H, Sq,
-                                                        Sk, hd)),
-              kTolerance);
+    EXPECT_LT(
+        mha::reference::relative_l2(
+            scores, mha::reference::scaled_scores(mha::reference::to_double(q),
+                                                  mha::reference::to_double(k), B * H, Sq, Sk, hd)),
+        kTolerance);
 }
 
 TEST_P(Stages, MaskedSoftmaxEveryKind) {
@@ -134,8 +135,8 @@ TEST_P(Stages, MaskedSoftmaxEveryKind) {
     Buffer<uint8_t> mb(mask.data(), 4, mask_dims);
     auto sb = view(scores, {int(B), int(H), int(Sq), int(Sk)});
     const auto want_for = [&](std::optional<mha::MaskConvention> c) {
-        return mha::reference::masked_softmax(mha::reference::to_double(scores), d, c,
-                                              {Sq, Sk}, mask);
+        return mha::reference::masked_softmax(mha::reference::to_double(scores), d, c, {Sq, Sk},
+                                              mask);
     };
     std::vector<float> weights(scores.size());
     auto wb = view(weights, {int(B), int(H), int(Sq), int(Sk)});
@@ -161,11 +162,11 @@ TEST_P(Stages, AttendValues) {
     auto vb = view(v, {int(B), int(H), int(Sk), int(hd)});
     auto cb = view(context, {int(B), int(H), int(Sq), int(hd)});
     ASSERT_EQ(mha_attend_values(wb, vb, cb), 0);
-    EXPECT_LT(mha::reference::relative_l2(
-                  context, mha::reference::attend_values(mha::reference::to_double(w),
-                                                         mha::reference::to_double(v), B * H, Sq,
-                                                         Sk, hd)),
-              kTolerance);
+    EXPECT_LT(
+        mha::reference::relative_l2(context, mha::reference::attend_values(
+                                                 mha::reference::to_double(w),
+                                                 mha::reference::to_double(v), B * H, Sq, Sk, hd)),
+        kTolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Awkward, Stages, ::testing::ValuesIn(kStageDims), [](const auto &info) {

@@ -22,8 +22,8 @@ Workload::Workload(const contract::ProblemShape &shape, uint64_t seed)
       output(shape.batch * shape.query_len * shape.embed_dim) {
     const std::array<Linear, 4> lin = reference::linears(problem);
     const Linear *linears[4] = {&lin[0], &lin[1], &lin[2], &lin[3]};
-    weights = std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears,
-                                                      nullptr);
+    weights =
+        std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears, nullptr);
 }
 
 struct Candidate::Compiled {
@@ -41,8 +41,10 @@ Candidate::Candidate(const contract::CpuIsa &isa, const contract::ProblemShape &
     gen->set_generatorparam_value("fused_qkv", fused ? "true" : "false");
     gen->set_generatorparam_value("schedule", schedule);
     const std::pair<const char *, int64_t> shape_estimates[] = {
-        {"est_batch", estimates.batch},         {"est_query_len", estimates.query_len},
-        {"est_key_len", estimates.key_len},     {"est_embed_dim", estimates.embed_dim},
+        {"est_batch", estimates.batch},
+        {"est_query_len", estimates.query_len},
+        {"est_key_len", estimates.key_len},
+        {"est_embed_dim", estimates.embed_dim},
         {"est_heads", estimates.num_heads}};
     for (const auto &[name, value] : shape_estimates) {
         gen->set_generatorparam_value(name, std::to_string(value));

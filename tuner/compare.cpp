@@ -2,11 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <sys/wait.h>
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
-#include <sys/wait.h>
 
 #include "measurement.h"
 #include "tuned_file.h"
@@ -89,8 +89,9 @@ int measure_contender(const CompareOptions &o, size_t shape_index, const std::st
 }
 
 int compare(const CompareOptions &o) {
-    fmt::print("| shape (B, Sq, Sk, E, H) | bucket | default ms | tuned ms | Adams2019 ms | "
-               "Mullapudi2016 ms | Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
+    fmt::print(
+        "| shape (B, Sq, Sk, E, H) | bucket | default ms | tuned ms | Adams2019 ms | "
+        "Mullapudi2016 ms | Li2018 ms | tuned × default | tuned × best autoscheduler |\n");
     fmt::print("|---|---|---|---|---|---|---|---|---|\n");
     std::map<std::string, std::vector<double>> bucket_gains;
     for (size_t i = 0; i < contract::kBenchmarkSweep.size(); i++) {
@@ -123,8 +124,9 @@ int compare(const CompareOptions &o) {
         std::fflush(stdout);
     }
     const cpu::TunedFile tuned = cpu::read_tuned_file(o.tuned_file, *o.isa);
-    fmt::print("\n| bucket | tuned × default (geometric mean over its sweep shapes) | "
-               "parameters |\n|---|---|---|\n");
+    fmt::print(
+        "\n| bucket | tuned × default (geometric mean over its sweep shapes) | "
+        "parameters |\n|---|---|---|\n");
     for (const contract::BucketSpec &b : contract::kShapeBuckets) {
         const std::vector<double> &gains = bucket_gains[std::string(b.name)];
         double log_sum = 0;

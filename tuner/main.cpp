@@ -26,11 +26,12 @@ std::vector<std::string> names_of(const Table &table) {
 }  // namespace
 
 int main(int argc, char **argv) {
-    CLI::App app("Tunes the CPU schedule of one instruction set: searches its parameters per "
-                 "shape bucket, recording every measurement in a tuning database, and writes the "
-                 "tuned file the build reads. With --compare, times the tuned parameters and "
-                 "Halide's autoschedulers against the defaults on the benchmark sweep.",
-                 "mha-tune");
+    CLI::App app(
+        "Tunes the CPU schedule of one instruction set: searches its parameters per "
+        "shape bucket, recording every measurement in a tuning database, and writes the "
+        "tuned file the build reads. With --compare, times the tuned parameters and "
+        "Halide's autoschedulers against the defaults on the benchmark sweep.",
+        "mha-tune");
     std::string isa_name, tuning_shape, database, tuned_file;
     std::vector<std::string> bucket_names;
     mha::tune::TuneOptions tune;
@@ -49,7 +50,8 @@ int main(int argc, char **argv) {
     app.add_option("--seed", tune.seed, "seed of the search (a resumed run needs the same one)")
         ->type_name("N")
         ->capture_default_str();
-    app.add_option("--rounds", tune.rounds, "interleaved rounds of each timing against the defaults")
+    app.add_option("--rounds", tune.rounds,
+                   "interleaved rounds of each timing against the defaults")
         ->check(CLI::Range(1, 101))
         ->type_name("N")
         ->capture_default_str();
@@ -62,9 +64,11 @@ int main(int argc, char **argv) {
     app.add_option("--max-candidates", tune.max_candidates, "per bucket (default: no limit)")
         ->check(mha::tools::positive_integer())
         ->type_name("N");
-    app.add_flag("--verify-on-tuning-shape-only", [&](int64_t) { tune.verify_on_sweep = false; },
-                 "verify a winner on its tuning shape only, not on the bucket's sweep shapes");
-    app.add_option("--db", database, "tuning database (default schedules/tuned/<isa>.records.jsonl)")
+    app.add_flag(
+        "--verify-on-tuning-shape-only", [&](int64_t) { tune.verify_on_sweep = false; },
+        "verify a winner on its tuning shape only, not on the bucket's sweep shapes");
+    app.add_option("--db", database,
+                   "tuning database (default schedules/tuned/<isa>.records.jsonl)")
         ->type_name("FILE");
     app.add_option("--out", tuned_file, "tuned file (default schedules/tuned/<isa>.json)")
         ->type_name("FILE");

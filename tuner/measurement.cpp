@@ -35,9 +35,8 @@ std::optional<double> time_per_call(const Candidate &c, Workload &work) {
 
 }  // namespace
 
-std::optional<Comparison> compare_interleaved(const Candidate &baseline,
-                                              const Candidate &candidate, Workload &work,
-                                              int rounds) {
+std::optional<Comparison> compare_interleaved(const Candidate &baseline, const Candidate &candidate,
+                                              Workload &work, int rounds) {
     // Warm-up: first-call costs (thread pool, scratch blocks, caches) are not a schedule's.
     if (baseline.run(work) != 0 || candidate.run(work) != 0) {
         return std::nullopt;

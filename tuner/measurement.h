@@ -20,9 +20,8 @@ struct Comparison {
 
 // `rounds` rounds, each timing baseline and candidate once (in alternating order), every timing
 // a sample of at least 3 calls and 20 ms after a warm-up call. Returns nullopt when a call fails.
-std::optional<Comparison> compare_interleaved(const Candidate &baseline,
-                                              const Candidate &candidate, Workload &work,
-                                              int rounds);
+std::optional<Comparison> compare_interleaved(const Candidate &baseline, const Candidate &candidate,
+                                              Workload &work, int rounds);
 
 // The timing noise of a Comparison's gain of `rounds` rounds: the baseline timed against itself
 // gives σ, the spread of per-round log gains; a median of `rounds` has standard error

@@ -24,10 +24,10 @@ using contract::BucketSpec;
 using contract::ProblemShape;
 using cpu::ScheduleParams;
 
-constexpr int kRandomPhase = 16;    // random candidates before local refinement
-constexpr int kPatience = 40;       // refinement steps without improvement before stopping
-constexpr int kFinalists = 3;       // re-timed before the winner is chosen
-constexpr double kMinGain = 1.02;   // a winner must beat the defaults by at least this much
+constexpr int kRandomPhase = 16;   // random candidates before local refinement
+constexpr int kPatience = 40;      // refinement steps without improvement before stopping
+constexpr int kFinalists = 3;      // re-timed before the winner is chosen
+constexpr double kMinGain = 1.02;  // a winner must beat the defaults by at least this much
 
 std::string shape_text(const ProblemShape &s) {
     return fmt::format("({}, {}, {}, {}, {})", s.batch, s.query_len, s.key_len, s.embed_dim,
@@ -65,8 +65,7 @@ Measurement measure(const std::string &role, contract::ShapeBucket bucket,
 Measurement measure_once(TuningDb &db, const std::string &role, contract::ShapeBucket bucket,
                          const contract::CpuIsa &isa, const ScheduleParams &params,
                          const Candidate &baseline, Workload &work, int rounds, bool &resumed) {
-    if (std::optional<Measurement> earlier =
-            db.earlier(role, bucket, work.problem.dims, params)) {
+    if (std::optional<Measurement> earlier = db.earlier(role, bucket, work.problem.dims, params)) {
         resumed = true;
         return *earlier;
     }
@@ -113,8 +112,8 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
             continue;
         }
         bool resumed = false;
-        tried.push_back(measure_once(db, "search", spec.bucket, isa, p, baseline, work, o.rounds,
-                                     resumed));
+        tried.push_back(
+            measure_once(db, "search", spec.bucket, isa, p, baseline, work, o.rounds, resumed));
         resumed_count += resumed;
         const Measurement &m = tried.back();
         if (gain_of(m) > best_gain) {
@@ -124,14 +123,14 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
         } else if (!random_phase) {
             since_improvement++;
         }
-        const double left = std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
+        const double left =
+            std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
         fmt::print(stderr, "[{}] candidate {}: {}{} | best {:.2f}x | {}m{:02}s left\n", label,
                    tried.size(),
                    m.result ? fmt::format("{:.3f} ms, {:.2f}x the defaults", m.result->candidate_ms,
                                           m.result->gain)
                             : m.failure.substr(0, 70),
-                   resumed ? " (recorded earlier)" : "", best_gain, int(left) / 60,
-                   int(left) % 60);
+                   resumed ? " (recorded earlier)" : "", best_gain, int(left) / 60, int(left) % 60);
     }
     if (resumed_count > 0) {
         fmt::print(stderr, "[{}] resumed {} candidates from {}\n", label, resumed_count,
@@ -189,9 +188,9 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
                 other_baseline.emplace(isa, s, defaults.to_string());
             }
             bool resumed = false;
-            const Measurement m = measure_once(
-                db, "verify", spec.bucket, isa, t.params, other_baseline ? *other_baseline : baseline,
-                other_work ? *other_work : work, o.rounds, resumed);
+            const Measurement m = measure_once(db, "verify", spec.bucket, isa, t.params,
+                                               other_baseline ? *other_baseline : baseline,
+                                               other_work ? *other_work : work, o.rounds, resumed);
             verified.push_back({s, gain_of(m)});
             fmt::print(stderr, "[{}] verified on {}: {}\n", label, shape_text(s),
                        m.result ? fmt::format("{:.3f} ms against {:.3f} ms, {:.2f}x",
@@ -205,8 +204,8 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
         }
         t.verified_gain = verified.front().second;
         t.bucket_gain = std::exp(log_gain / double(verified.size()));
-        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * noise) &&
-                            t.verified_gain > 1);
+        t.kept_defaults =
+            !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * noise) && t.verified_gain > 1);
     }
     fmt::print(stderr,
                "[{}] search {:.2f}x, verification {:.2f}x on the tuning shape ({} within the "
@@ -265,9 +264,9 @@ int tune(const TuneOptions &o) {
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(o.budget_minutes * 60));
-    TuningDb db(o.database, {std::string(o.isa->name), std::string(o.isa->halide_target),
-                             MHA_SCHEDULE_HASH, machine_description(),
-                             fmt::format("{}-{}", utc_date(), ::getpid()), o.command});
+    TuningDb db(o.database,
+                {std::string(o.isa->name), std::string(o.isa->halide_target), MHA_SCHEDULE_HASH,
+                 machine_description(), fmt::format("{}-{}", utc_date(), ::getpid()), o.command});
     fmt::print(stderr, "tuning database {}: {} earlier records{}\n", o.database, db.loaded(),
                db.skipped() ? fmt::format(" ({} unreadable lines skipped)", db.skipped()) : "");
     for (size_t b = 0; b < o.buckets.size(); b++) {

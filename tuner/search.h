@@ -18,9 +18,9 @@ struct TuneOptions {
     std::vector<contract::ShapeBucket> buckets;  // in this order
     double budget_minutes = 13;                  // for all buckets together
     uint64_t seed = 1;
-    int rounds = 5;                              // of each interleaved comparison
+    int rounds = 5;                                      // of each interleaved comparison
     std::optional<contract::ProblemShape> tuning_shape;  // instead of each bucket's
-    int max_candidates = 0;                      // per bucket; 0: until budget or patience
+    int max_candidates = 0;                              // per bucket; 0: until budget or patience
     bool verify_on_sweep = true;  // verify on the bucket's sweep shapes, not only its own
     std::string database, tuned_file, command;
 };

@@ -72,10 +72,10 @@ std::optional<Measurement> TuningDb::earlier(const std::string &role, contract::
             }
             Measurement m{role, bucket, shape, params, std::nullopt, r->value("failure", ""), 0};
             if (m.failure.empty()) {
-                m.result = Comparison{r->at("gain").get<double>(),
-                                      r->at("candidate_ms").get<double>(),
-                                      r->at("baseline_ms").get<double>(),
-                                      r->at("round_gains").get<std::vector<double>>()};
+                m.result =
+                    Comparison{r->at("gain").get<double>(), r->at("candidate_ms").get<double>(),
+                               r->at("baseline_ms").get<double>(),
+                               r->at("round_gains").get<std::vector<double>>()};
             }
             return m;
         } catch (const json::exception &) {
@@ -114,10 +114,10 @@ std::map<contract::ShapeBucket, cpu::TunedBucket> TuningDb::decisions() const {
 }
 
 void TuningDb::write(json record) {
-    json line = {{"kind", record.at("kind")},       {"run", context_.run},
-                 {"date", utc_now()},
-                 {"isa", context_.isa},             {"target", context_.target},
-                 {"schedule_hash", context_.schedule_hash}, {"machine", context_.machine}};
+    json line = {{"kind", record.at("kind")},  {"run", context_.run},
+                 {"date", utc_now()},          {"isa", context_.isa},
+                 {"target", context_.target},  {"schedule_hash", context_.schedule_hash},
+                 {"machine", context_.machine}};
     for (auto &[key, value] : record.items()) {
         line[key] = value;
     }

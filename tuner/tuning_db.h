@@ -34,7 +34,7 @@ struct Measurement {
 
 struct Decision {
     cpu::TunedBucket tuned;
-    contract::ProblemShape shape;  // tuned on
+    contract::ProblemShape shape;                                        // tuned on
     std::vector<std::pair<contract::ProblemShape, double>> verified_on;  // shape, gain
 };
 

@@ -29,9 +29,10 @@ void require_driver(Device device) {
 const KernelComponent &gpu_component(Device device) {
     const KernelComponent *component = linked_component(device);
     if (component == nullptr) {
-        throw Error(fmt::format("this program has no {0} kernels: link the mha_{0} library "
-                                "(built when MHA_GPU_KERNELS is ON)",
-                                contract::device_name(device)));
+        throw Error(
+            fmt::format("this program has no {0} kernels: link the mha_{0} library "
+                        "(built when MHA_GPU_KERNELS is ON)",
+                        contract::device_name(device)));
     }
     require_driver(device);
     return *component;

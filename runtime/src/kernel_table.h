@@ -58,9 +58,8 @@ constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind 
 // Whether a generated kernel's arguments (its function_info header) are the user_context and
 // then exactly the contract's arguments of `variant`: same names, order, kinds, ranks, types.
 template <size_t N>
-constexpr bool takes_contract_arguments(
-    const std::array<HalideFunctionInfo::ArgumentInfo, N> &info,
-    const contract::ForwardVariant &variant) {
+constexpr bool takes_contract_arguments(const std::array<HalideFunctionInfo::ArgumentInfo, N> &info,
+                                        const contract::ForwardVariant &variant) {
     const contract::ArgList args = contract::forward_arguments(variant);
     if (N != args.size() + 1 || info[0].name != "__user_context") {
         return false;

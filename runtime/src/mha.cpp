@@ -122,15 +122,16 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         throw Error(fmt::format("num_heads {} must be >= 1", num_heads));
     }
     if (embed_dim % num_heads != 0) {
-        throw Error(fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim,
-                                num_heads));
+        throw Error(
+            fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim, num_heads));
     }
     const int64_t E = embed_dim;
     if (contract::kQkvProjections * contract::padded_features(E, E / num_heads) * E >
         kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
-        throw Error(fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
-                                "bytes a kernel addresses",
-                                embed_dim, kMaxBufferBytes));
+        throw Error(
+            fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
+                        "bytes a kernel addresses",
+                        embed_dim, kMaxBufferBytes));
     }
     const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
     for (int p = 0; p < 4; p++) {
@@ -162,20 +163,21 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
                                     t->shape[2], E));
         }
         if (t->shape[0] != B) {
-            throw Error(fmt::format("{} has batch {} but query has batch {}", name, t->shape[0],
-                                    B));
+            throw Error(
+                fmt::format("{} has batch {} but query has batch {}", name, t->shape[0], B));
         }
     }
     if (value.shape[1] != Sk) {
         throw Error(fmt::format("key has {} rows but value has {}", Sk, value.shape[1]));
     }
     if (device_ == Device::cpu) {
-        for (const auto &[name, handle] :
-             {std::pair{"query", query.device_handle}, {"key", key.device_handle},
-              {"value", value.device_handle}, {"mask", mask ? mask->values.device_handle : 0}}) {
+        for (const auto &[name, handle] : {std::pair{"query", query.device_handle},
+                                           {"key", key.device_handle},
+                                           {"value", value.device_handle},
+                                           {"mask", mask ? mask->values.device_handle : 0}}) {
             if (handle != 0) {
-                throw Error(fmt::format("{} has a device_handle but the module runs on the cpu",
-                                        name));
+                throw Error(
+                    fmt::format("{} has a device_handle but the module runs on the cpu", name));
             }
         }
     }
@@ -190,8 +192,8 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     // Self-attention on one tensor takes the fused QKV projection.
     variant.fused_qkv = query.data == key.data && query.data == value.data &&
                         query.device_handle == key.device_handle &&
-                        query.device_handle == value.device_handle &&
-                        query.shape == key.shape && query.shape == value.shape;
+                        query.device_handle == value.device_handle && query.shape == key.shape &&
+                        query.shape == value.shape;
     const detail::KernelComponent &component = *component_for(device_);
     const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
     call.kernel = detail::find_forward_kernel(component, isa, B * std::max(Sq, Sk), variant);
@@ -222,8 +224,8 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         for (const auto &[name, handle] : {std::pair{"output", output.device_handle},
                                            {"weights", weights ? weights->device_handle : 0}}) {
             if (handle != 0) {
-                throw Error(fmt::format("{} has a device_handle but the module runs on the cpu",
-                                        name));
+                throw Error(
+                    fmt::format("{} has a device_handle but the module runs on the cpu", name));
             }
         }
     }

@@ -1,6 +1,5 @@
 #include "packed_weights.h"
 
-
 #include "device.h"
 
 namespace mha::detail {

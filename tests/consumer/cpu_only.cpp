@@ -21,19 +21,24 @@ int main() {
     for (int l = 0; l < 4; l++) {
         weights[l].resize(E * E);
         biases[l].resize(E);
-        for (float &w : weights[l]) w = next();
-        for (float &b : biases[l]) b = next();
-        linears[l] = {{weights[l].data(), {E, E}}, mha::Tensor{biases[l].data(), {E}}};
+        for (float &w : weights[l])
+            w = next();
+        for (float &b : biases[l])
+            b = next();
+        linears[l].weight = {weights[l].data(), {E, E}};
+        linears[l].bias = mha::Tensor{biases[l].data(), {E}};
     }
     std::vector<float> x(B * S * E), out(B * S * E), attention(B * H * S * S);
-    for (float &v : x) v = next() * 16;
+    for (float &v : x)
+        v = next() * 16;
     const mha::MultiHeadAttention module(E, H, linears[0], linears[1], linears[2], linears[3]);
     const mha::Tensor input{x.data(), {B, S, E}};
     module.forward(input, input, input, {out.data(), {B, S, E}}, std::nullopt,
                    mha::MutableTensor{attention.data(), {B, H, S, S}});
     for (int64_t row = 0; row < B * H * S; row++) {
         double sum = 0;
-        for (int64_t j = 0; j < S; j++) sum += attention[row * S + j];
+        for (int64_t j = 0; j < S; j++)
+            sum += attention[row * S + j];
         if (std::abs(sum - 1) > 1e-5) {
             std::printf("weights row %ld sums to %f\n", long(row), sum);
             return 1;

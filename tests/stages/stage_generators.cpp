@@ -11,12 +11,15 @@ namespace {
 using namespace Halide;
 using mha::MaskKind;
 
-
-// Vectorizes the innermost dimension and parallelizes the outermost of a stage's output.
+// Vectorizes the innermost dimension and parallelizes the outermost of a stage's output, its
+// updates (reductions) included.
 void schedule_stage_output(Func f, const Target &target) {
     std::vector<Var> args = f.args();
     const int vec = target.natural_vector_size<float>();
     f.compute_root().parallel(args.back()).vectorize(args.front(), vec, TailStrategy::GuardWithIf);
+    for (int u = 0; u < f.num_update_definitions(); u++) {
+        f.update(u).parallel(args.back()).vectorize(args.front(), vec, TailStrategy::GuardWithIf);
+    }
 }
 
 class LinearProjectionStage : public Generator<LinearProjectionStage> {
@@ -30,7 +33,8 @@ public:
         const Expr seq_len = x.dim(1).extent(), batch = x.dim(2).extent();
         const Func rows = mha::token_rows(v_, x, seq_len, batch, "rows");
         const Func y_rows =
-            mha::linear_projection(v_, rows, weight_t, bias, x.dim(0).extent(), "projection").result;
+            mha::linear_projection(v_, rows, weight_t, bias, x.dim(0).extent(), "projection")
+                .result;
         y = mha::token_view(v_, y_rows, seq_len, 0, "projection_view");
     }
     void schedule() { schedule_stage_output(y, get_target()); }
@@ -45,9 +49,7 @@ public:
     Input<int> num_heads{"num_heads", 1};
     Output<Buffer<float, 4>> heads{"heads"};
 
-    void generate() {
-        heads = mha::split_heads(v_, x, x.dim(0).extent() / num_heads, "heads");
-    }
+    void generate() { heads = mha::split_heads(v_, x, x.dim(0).extent() / num_heads, "heads"); }
     void schedule() { schedule_stage_output(heads, get_target()); }
 
 private:

@@ -121,9 +121,9 @@ std::string dispatched_isa();
 struct KernelInfo {
     std::string name;  // e.g. mha_forward_cpu_avx512_small_keep_fused_weights
     Device device;
-    std::string isa;                  // CPU instruction set; empty on GPUs
+    std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
-    std::string mask_kind;            // none | keep | block
+    std::string mask_kind;             // none | keep | block
     bool returns_weights;
     bool fused_qkv;
     std::vector<std::string> arguments;  // in call order, after the user_context

@@ -125,25 +125,32 @@ std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E
     return y;
 }
 
-std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
-                                int64_t d) {
-    std::vector<double> y(x.size());
+namespace {
+
+// Calls f(tokens, heads) with the index of every element in the token layout [B, S, H·d] and in
+// the head layout [B, H, S, d].
+template <typename F>
+void for_each_head_element(int64_t B, int64_t S, int64_t H, int64_t d, F f) {
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t s = 0; s < S; s++)
                 for (int64_t c = 0; c < d; c++)
-                    y[((b * H + h) * S + s) * d + c] = x[(b * S + s) * H * d + h * d + c];
+                    f((b * S + s) * H * d + h * d + c, ((b * H + h) * S + s) * d + c);
+}
+
+}  // namespace
+
+std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
+                                int64_t d) {
+    std::vector<double> y(x.size());
+    for_each_head_element(B, S, H, d, [&](int64_t tokens, int64_t heads) { y[heads] = x[tokens]; });
     return y;
 }
 
 std::vector<double> merge_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
                                 int64_t d) {
     std::vector<double> y(x.size());
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t h = 0; h < H; h++)
-            for (int64_t s = 0; s < S; s++)
-                for (int64_t c = 0; c < d; c++)
-                    y[(b * S + s) * H * d + h * d + c] = x[((b * H + h) * S + s) * d + c];
+    for_each_head_element(B, S, H, d, [&](int64_t tokens, int64_t heads) { y[tokens] = x[heads]; });
     return y;
 }
 

@@ -14,18 +14,22 @@ std::string describe(const std::string &path, const std::string &problem) {
     return "tuned schedule file " + path + ": " + problem;
 }
 
-// The value at `key` of `object`, which must have the JSON type `type` (e.g. is_string).
+// The value at `key` of `object`, which must have the JSON type `type` (e.g. is_string);
+// errors start with `where`.
 const json &member(const json &object, const char *key, bool (json::*type)() const,
-                   const char *type_name, const std::string &path, const std::string &where) {
+                   const char *type_name, const std::string &where) {
     const auto it = object.find(key);
     if (it == object.end()) {
-        throw TunedFileError(describe(path, where + "has no \"" + key + "\""));
+        throw TunedFileError(where + "has no \"" + key + "\"");
     }
     if (!((*it).*type)()) {
-        throw TunedFileError(
-            describe(path, where + "\"" + key + "\" is " + it->dump() + ", not " + type_name));
+        throw TunedFileError(where + "\"" + key + "\" is " + it->dump() + ", not " + type_name);
     }
     return *it;
+}
+
+std::string text(const json &object, const char *key, const std::string &where) {
+    return member(object, key, &json::is_string, "a string", where).get<std::string>();
 }
 
 }  // namespace
@@ -57,6 +61,44 @@ ScheduleParams params_from_json(const json &params, const contract::CpuIsa &isa,
         throw TunedFileError(where + "parameters " + p.to_string() + " are invalid: " + why);
     }
     return p;
+}
+
+json tuned_bucket_to_json(const TunedBucket &t) {
+    return {{"params", params_to_json(t.params)},
+            {"kept_defaults", t.kept_defaults},
+            {"search_gain", t.search_gain},
+            {"verified_gain", t.verified_gain},
+            {"bucket_gain", t.bucket_gain},
+            {"noise", t.noise},
+            {"candidates", t.candidates},
+            {"schedule_hash", t.schedule_hash},
+            {"date", t.date},
+            {"machine", t.machine}};
+}
+
+TunedBucket tuned_bucket_from_json(const json &entry, contract::ShapeBucket bucket,
+                                   const contract::CpuIsa &isa, const std::string &where) {
+    if (!entry.is_object()) {
+        throw TunedFileError(where + "not an object");
+    }
+    TunedBucket t;
+    t.bucket = bucket;
+    t.params =
+        params_from_json(member(entry, "params", &json::is_object, "an object", where), isa, where);
+    t.kept_defaults =
+        member(entry, "kept_defaults", &json::is_boolean, "true or false", where).get<bool>();
+    for (auto [key, field] : {std::pair{"search_gain", &t.search_gain},
+                              {"verified_gain", &t.verified_gain},
+                              {"bucket_gain", &t.bucket_gain},
+                              {"noise", &t.noise}}) {
+        *field = member(entry, key, &json::is_number, "a number", where).get<double>();
+    }
+    t.candidates =
+        member(entry, "candidates", &json::is_number_integer, "a whole number", where).get<int>();
+    t.schedule_hash = text(entry, "schedule_hash", where);
+    t.date = text(entry, "date", where);
+    t.machine = text(entry, "machine", where);
+    return t;
 }
 
 const TunedBucket *TunedFile::find(contract::ShapeBucket b) const {
@@ -95,53 +137,28 @@ TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) 
         throw TunedFileError(describe(path, "not a JSON object"));
     }
     TunedFile file;
-    const auto text = [&](const json &object, const char *key, const std::string &where = "") {
-        return member(object, key, &json::is_string, "a string", path, where).get<std::string>();
-    };
-    const std::string format = text(doc, "format");
+    const std::string where = describe(path, "");
+    const std::string format = text(doc, "format", where);
     if (format != kTunedFileFormat) {
         throw TunedFileError(
             describe(path, "format is \"" + format + "\", expected \"" + kTunedFileFormat + "\""));
     }
-    file.isa = text(doc, "isa");
-    file.target = text(doc, "target");
+    file.isa = text(doc, "isa", where);
+    file.target = text(doc, "target", where);
     if (file.isa != isa.name || file.target != isa.halide_target) {
         throw TunedFileError(describe(
             path, "tunes " + file.isa + " (" + file.target + ") but the build reads it for " +
                       std::string(isa.name) + " (" + std::string(isa.halide_target) + ")"));
     }
-    file.command = text(doc, "command");
-    const json &buckets = member(doc, "buckets", &json::is_object, "an object", path, "");
+    file.command = text(doc, "command", where);
+    const json &buckets = member(doc, "buckets", &json::is_object, "an object", where);
     for (const auto &[name, entry] : buckets.items()) {
         const auto bucket = contract::bucket_named(name);
-        const std::string where = "bucket " + name + ": ";
         if (!bucket) {
             throw TunedFileError(describe(path, "unknown bucket \"" + name + "\""));
         }
-        if (!entry.is_object()) {
-            throw TunedFileError(describe(path, where + "not an object"));
-        }
-        TunedBucket t;
-        t.bucket = *bucket;
-        t.params =
-            params_from_json(member(entry, "params", &json::is_object, "an object", path, where),
-                             isa, describe(path, where));
-        t.kept_defaults =
-            member(entry, "kept_defaults", &json::is_boolean, "true or false", path, where)
-                .get<bool>();
-        for (auto [key, field] : {std::pair{"search_gain", &t.search_gain},
-                                  {"verified_gain", &t.verified_gain},
-                                  {"bucket_gain", &t.bucket_gain},
-                                  {"noise", &t.noise}}) {
-            *field = member(entry, key, &json::is_number, "a number", path, where).get<double>();
-        }
-        t.candidates =
-            member(entry, "candidates", &json::is_number_integer, "a whole number", path, where)
-                .get<int>();
-        t.schedule_hash = text(entry, "schedule_hash", where);
-        t.date = text(entry, "date", where);
-        t.machine = text(entry, "machine", where);
-        file.buckets.push_back(t);
+        file.buckets.push_back(
+            tuned_bucket_from_json(entry, *bucket, isa, describe(path, "bucket " + name + ": ")));
     }
     for (const contract::BucketSpec &b : contract::kShapeBuckets) {
         if (file.find(b.bucket) == nullptr) {
@@ -160,17 +177,7 @@ void write_tuned_file(const std::string &path, const TunedFile &file) {
                 {"command", file.command},
                 {"buckets", json::object()}};
     for (const TunedBucket &t : file.buckets) {
-        doc["buckets"][std::string(contract::bucket_spec(t.bucket).name)] = {
-            {"params", params_to_json(t.params)},
-            {"kept_defaults", t.kept_defaults},
-            {"search_gain", t.search_gain},
-            {"verified_gain", t.verified_gain},
-            {"bucket_gain", t.bucket_gain},
-            {"noise", t.noise},
-            {"candidates", t.candidates},
-            {"schedule_hash", t.schedule_hash},
-            {"date", t.date},
-            {"machine", t.machine}};
+        doc["buckets"][std::string(contract::bucket_spec(t.bucket).name)] = tuned_bucket_to_json(t);
     }
     // Written whole to a temporary, then renamed: a reader never sees half a file.
     const std::string temporary = path + ".tmp";

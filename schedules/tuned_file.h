@@ -57,6 +57,13 @@ nlohmann::ordered_json params_to_json(const ScheduleParams &params);
 ScheduleParams params_from_json(const nlohmann::ordered_json &object, const contract::CpuIsa &isa,
                                 const std::string &where);
 
+// One bucket's entry as JSON (what a tuned file holds under the bucket's name, and what a
+// decision record of the tuning database carries), and back.
+nlohmann::ordered_json tuned_bucket_to_json(const TunedBucket &bucket);
+TunedBucket tuned_bucket_from_json(const nlohmann::ordered_json &entry,
+                                   contract::ShapeBucket bucket, const contract::CpuIsa &isa,
+                                   const std::string &where);
+
 // The path of an instruction set's tuned file in `dir`.
 std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa);
 

@@ -93,18 +93,8 @@ std::map<contract::ShapeBucket, cpu::TunedBucket> TuningDb::decisions() const {
             if (r.value("kind", "") != "decision" || !comparable(r, false)) {
                 continue;
             }
-            cpu::TunedBucket t;
-            t.bucket = *contract::bucket_named(r.at("bucket").get<std::string>());
-            t.params = cpu::params_from_json(r.at("params"), isa, path_ + ": ");
-            t.kept_defaults = r.at("kept_defaults").get<bool>();
-            t.search_gain = r.at("search_gain").get<double>();
-            t.verified_gain = r.at("verified_gain").get<double>();
-            t.bucket_gain = r.at("bucket_gain").get<double>();
-            t.noise = r.at("noise").get<double>();
-            t.candidates = r.at("candidates").get<int>();
-            t.schedule_hash = context_.schedule_hash;
-            t.date = r.at("date").get<std::string>();
-            t.machine = r.at("machine").get<std::string>();
+            const cpu::TunedBucket t = cpu::tuned_bucket_from_json(
+                r, *contract::bucket_named(r.at("bucket").get<std::string>()), isa, path_ + ": ");
             latest[t.bucket] = t;
         } catch (const std::exception &) {
             continue;
@@ -157,19 +147,13 @@ void TuningDb::append(const Decision &d) {
     for (const auto &[shape, gain] : d.verified_on) {
         verified.push_back({{"shape", shape_json(shape)}, {"gain", gain}});
     }
-    write({{"kind", "decision"},
-           {"bucket", bucket_name(t.bucket)},
-           {"shape", shape_json(d.shape)},
-           {"params", cpu::params_to_json(t.params)},
-           {"kept_defaults", t.kept_defaults},
-           {"search_gain", t.search_gain},
-           {"verified_gain", t.verified_gain},
-           {"bucket_gain", t.bucket_gain},
-           {"noise", t.noise},
-           {"candidates", t.candidates},
-           {"verified_on", verified},
-           {"date", t.date},
-           {"command", context_.command}});
+    json record = cpu::tuned_bucket_to_json(t);
+    record["kind"] = "decision";
+    record["bucket"] = bucket_name(t.bucket);
+    record["shape"] = shape_json(d.shape);
+    record["verified_on"] = verified;
+    record["command"] = context_.command;
+    write(std::move(record));
 }
 
 }  // namespace mha::tune

@@ -14,8 +14,6 @@
 namespace mha::tune {
 namespace {
 
-const char *const kAutoschedulers[] = {"Adams2019", "Mullapudi2016", "Li2018"};
-
 // A child's answer: the comparison, or why there is none.
 struct Outcome {
     std::optional<Comparison> result;
@@ -25,7 +23,7 @@ struct Outcome {
 Outcome run_child(const CompareOptions &o, size_t shape_index, const std::string &contender) {
     const std::string command = fmt::format(
         "timeout {} '{}' --isa {} --tuned '{}' --rounds {} --compare --measure-shape {} "
-        "--contender {} 2>/dev/null",
+        "--measure-contender {} 2>/dev/null",
         o.limit_seconds, o.self, o.isa->name, o.tuned_file, o.rounds, shape_index, contender);
     std::string out;
     FILE *pipe = popen(command.c_str(), "r");
@@ -104,6 +102,10 @@ int compare(const CompareOptions &o) {
         std::map<std::string, Outcome> autos;
         double best_auto_gain = 0;  // autoscheduled against the same defaults
         for (const char *a : kAutoschedulers) {
+            if (!o.with_autoschedulers) {
+                autos[a] = {std::nullopt, "-"};
+                continue;
+            }
             autos[a] = run_child(o, i, a);
             fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, contract::kBenchmarkSweep.size(), a,
                        cell(autos[a]));

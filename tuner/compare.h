@@ -10,11 +10,14 @@
 
 namespace mha::tune {
 
+inline const char *const kAutoschedulers[] = {"Adams2019", "Mullapudi2016", "Li2018"};
+
 struct CompareOptions {
     const contract::CpuIsa *isa = nullptr;
     std::string tuned_file;  // whose parameters "tuned" is
     int rounds = 5;
     int limit_seconds = 90;
+    bool with_autoschedulers = true;
     std::string self;  // this program, to run the children
 };
 

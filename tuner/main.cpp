@@ -79,11 +79,14 @@ int main(int argc, char **argv) {
         ->check(mha::tools::positive_integer())
         ->type_name("S")
         ->capture_default_str();
+    app.add_flag(
+        "--no-autoschedulers", [&](int64_t) { compare.with_autoschedulers = false; },
+        "--compare: tuned against default only");
     // The children of --compare.
     app.add_option("--measure-shape", measure_shape)
         ->check(CLI::Range(0, int(mha::contract::kBenchmarkSweep.size()) - 1))
         ->group("");
-    app.add_option("--contender", contender)->group("");
+    app.add_option("--measure-contender", contender)->group("");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         return *code;
     }

@@ -2,7 +2,7 @@
 # One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
 #   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
 #   scripts/dev.sh test                build and run every test through ctest
-#   scripts/dev.sh tune [mha-tune options]
+#   scripts/dev.sh tune --isa ISA [mha-tune options]
 #                                      search CPU schedule parameters (see README, Tuning)
 #   scripts/dev.sh build               build everything (benchmarks too) and run nothing
 #   scripts/dev.sh bench [compare.py options]
@@ -87,14 +87,10 @@ case "$command" in
         install_venv "$root/.venv-bench" "${bench_requirements[@]}"
         configure_and_build -DMHA_BUILD_BENCHMARKS=ON
         ;;
-    tune)  # the schedule tuner; defaults: AVX2 target, 13-minute budget, this machine's file
+    tune)  # the schedule tuner: scripts/dev.sh tune --isa avx512 [mha-tune options]
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
-        if [ $# -eq 0 ]; then
-            set -- --target x86-64-linux-avx-avx2-f16c-fma-sse41 --budget-minutes 13 --seed 1 \
-                --out "$root/schedules/tuned/x86-64-linux-avx-avx2-f16c-fma-sse41.json"
-        fi
         "$build/tuner/mha-tune" "$@"
         ;;
     bench)

@@ -33,6 +33,22 @@ std::optional<double> time_per_call(const Candidate &c, Workload &work) {
     return 1e3 * seconds / calls;
 }
 
+// σ of the logs of `gains`.
+double log_spread(const std::vector<double> &gains) {
+    if (gains.size() < 2) {
+        return 0;
+    }
+    double mean = 0, squares = 0;
+    for (double g : gains) {
+        mean += std::log(g);
+    }
+    mean /= double(gains.size());
+    for (double g : gains) {
+        squares += (std::log(g) - mean) * (std::log(g) - mean);
+    }
+    return std::sqrt(squares / double(gains.size() - 1));
+}
+
 }  // namespace
 
 std::optional<Comparison> compare_interleaved(const Candidate &baseline, const Candidate &candidate,
@@ -65,24 +81,16 @@ std::optional<Comparison> compare_interleaved(const Candidate &baseline, const C
     return c;
 }
 
+double Comparison::standard_error() const {
+    return round_gains.empty()
+               ? 0
+               : 1.25 * log_spread(round_gains) / std::sqrt(double(round_gains.size()));
+}
+
 double measure_noise(const Candidate &baseline, Workload &work, int rounds) {
-    // More rounds than one comparison takes, for a steadier estimate of the spread.
-    const int sample_rounds = std::max(9, 2 * rounds);
     const std::optional<Comparison> self =
-        compare_interleaved(baseline, baseline, work, sample_rounds);
-    if (!self || self->round_gains.size() < 2) {
-        return 0;
-    }
-    double mean = 0, squares = 0;
-    for (double g : self->round_gains) {
-        mean += std::log(g);
-    }
-    mean /= self->round_gains.size();
-    for (double g : self->round_gains) {
-        squares += (std::log(g) - mean) * (std::log(g) - mean);
-    }
-    const double sigma = std::sqrt(squares / (self->round_gains.size() - 1));
-    return 1.25 * sigma / std::sqrt(double(rounds));
+        compare_interleaved(baseline, baseline, work, std::max(9, 2 * rounds));
+    return self ? 1.25 * log_spread(self->round_gains) / std::sqrt(double(rounds)) : 0;
 }
 
 bool agree_within_noise(double a, double b, double noise) {

@@ -16,6 +16,10 @@ struct Comparison {
     double candidate_ms = 0;  // median per-call times
     double baseline_ms = 0;
     std::vector<double> round_gains;
+
+    // The standard error of log(gain), from the spread of the rounds: 1.25 σ / √rounds (σ of
+    // the per-round log gains; 1.25 for a median). 0 with fewer than two rounds.
+    double standard_error() const;
 };
 
 // `rounds` rounds, each timing baseline and candidate once (in alternating order), every timing
@@ -23,13 +27,12 @@ struct Comparison {
 std::optional<Comparison> compare_interleaved(const Candidate &baseline, const Candidate &candidate,
                                               Workload &work, int rounds);
 
-// The timing noise of a Comparison's gain of `rounds` rounds: the baseline timed against itself
-// gives σ, the spread of per-round log gains; a median of `rounds` has standard error
-// 1.25 σ / √rounds.
+// The timing noise of a Comparison's gain of `rounds` rounds before any candidate is measured:
+// the baseline timed against itself (over more rounds, for a steadier σ), as a standard error.
 double measure_noise(const Candidate &baseline, Workload &work, int rounds);
 
 // Whether two gains of the same pair, measured apart, agree within the noise (two standard
-// errors of their difference).
+// errors of their difference, each gain's standard error being `noise`).
 bool agree_within_noise(double a, double b, double noise);
 
 }  // namespace mha::tune

@@ -155,19 +155,22 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
     t.date = utc_date();
     t.machine = db.context().machine;
     t.schedule_hash = db.context().schedule_hash;
-    double search_gain = 1;
+    std::optional<Measurement> winner;  // the finalist that held up best when re-timed
     for (const Measurement *finalist : ranked) {
         bool resumed = false;
         const Measurement again = measure_once(db, "finalist", spec.bucket, isa, finalist->params,
                                                baseline, work, o.rounds, resumed);
         fmt::print(stderr, "[{}] finalist {}: {:.2f}x in the search, {:.2f}x re-timed\n", label,
                    finalist->params.to_string(), gain_of(*finalist), gain_of(again));
-        if (gain_of(again) > search_gain) {
-            search_gain = gain_of(again);
-            t.params = finalist->params;
+        if (gain_of(again) > (winner ? gain_of(*winner) : 1.0)) {
+            winner = again;
         }
     }
-    t.search_gain = search_gain;
+    if (winner) {
+        t.params = winner->params;
+        t.search_gain = gain_of(*winner);
+        t.noise = std::max(t.noise, winner->result->standard_error());
+    }
 
     // The winner verified, timed the same way, on the tuning shape and on the bucket's sweep
     // shapes: one shape does not speak for a bucket.
@@ -192,6 +195,9 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
                                                other_baseline ? *other_baseline : baseline,
                                                other_work ? *other_work : work, o.rounds, resumed);
             verified.push_back({s, gain_of(m)});
+            if (s == shape && m.result) {
+                t.noise = std::max(t.noise, m.result->standard_error());
+            }
             fmt::print(stderr, "[{}] verified on {}: {}\n", label, shape_text(s),
                        m.result ? fmt::format("{:.3f} ms against {:.3f} ms, {:.2f}x",
                                               m.result->candidate_ms, m.result->baseline_ms,
@@ -205,15 +211,16 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
         t.verified_gain = verified.front().second;
         t.bucket_gain = std::exp(log_gain / double(verified.size()));
         t.kept_defaults =
-            !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * noise) && t.verified_gain > 1);
+            !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise) && t.verified_gain > 1);
     }
-    fmt::print(stderr,
-               "[{}] search {:.2f}x, verification {:.2f}x on the tuning shape ({} within the "
-               "noise), {:.2f}x over {} shape(s): {}\n",
-               label, t.search_gain, t.verified_gain,
-               agree_within_noise(t.search_gain, t.verified_gain, noise) ? "agree" : "do not agree",
-               t.bucket_gain, std::max<size_t>(1, verified.size()),
-               t.kept_defaults ? "defaults kept" : "tuned parameters kept");
+    fmt::print(
+        stderr,
+        "[{}] search {:.2f}x, verification {:.2f}x on the tuning shape ({} within the "
+        "noise, ±{:.1f}%), {:.2f}x over {} shape(s): {}\n",
+        label, t.search_gain, t.verified_gain,
+        agree_within_noise(t.search_gain, t.verified_gain, t.noise) ? "agree" : "do not agree",
+        100 * t.noise, t.bucket_gain, std::max<size_t>(1, verified.size()),
+        t.kept_defaults ? "defaults kept" : "tuned parameters kept");
     if (t.kept_defaults) {
         t.params = defaults;
     }

@@ -6,14 +6,14 @@ tune=$1
 dir=$2
 rm -rf "$dir" && mkdir -p "$dir"
 db="$dir/sse41.records.jsonl"
-args=(--isa sse41 --bucket small --tuning-shape 1,4,4,16,2 --max-candidates 7 --rounds 3
+args=(--isa sse41 --bucket small --tuning-shape 1,4,4,16,2 --max-candidates 5 --rounds 2
       --verify-on-tuning-shape-only --seed 11 --db "$db" --out "$dir/sse41.json")
 searched() { grep -c '"role":"search"' "$db" 2>/dev/null || true; }
 
 "$tune" "${args[@]}" >"$dir/first.log" 2>&1 &
 pid=$!
 for _ in $(seq 600); do
-    [ "$(searched)" -ge 3 ] && break
+    [ "$(searched)" -ge 2 ] && break
     kill -0 "$pid" 2>/dev/null || { cat "$dir/first.log"; echo "the first run ended early"; exit 1; }
     sleep 0.1
 done
@@ -21,12 +21,12 @@ kill -9 "$pid"
 wait "$pid" 2>/dev/null || true
 kept=$(searched)
 echo "killed the first run after $kept search records"
-[ "$kept" -ge 3 ] || { echo "expected at least 3 records"; exit 1; }
-[ "$kept" -lt 7 ] || { echo "the first run finished before it was killed"; exit 1; }
+[ "$kept" -ge 2 ] || { echo "expected at least 2 records"; exit 1; }
+[ "$kept" -lt 5 ] || { echo "the first run finished before it was killed"; exit 1; }
 
 "$tune" "${args[@]}" >"$dir/second.log" 2>&1
 cat "$dir/second.log"
 grep -q "resumed $kept candidates" "$dir/second.log" || { echo "did not resume $kept"; exit 1; }
-[ "$(searched)" -eq 7 ] || { echo "expected 7 search records in all, not $(searched)"; exit 1; }
+[ "$(searched)" -eq 5 ] || { echo "expected 5 search records in all, not $(searched)"; exit 1; }
 [ -s "$dir/sse41.json" ] || { echo "no tuned file"; exit 1; }
-echo "resumed: $kept records reused, $((7 - kept)) measured"
+echo "resumed: $kept records reused, $((5 - kept)) measured"

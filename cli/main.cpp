@@ -24,7 +24,7 @@ using mha::reference::Dims;
 struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
-    std::string mask = "none";  // a contract mask kind
+    std::string mask = "none";  // none, or a mask convention
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool check = true;
@@ -56,9 +56,9 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
                                ->type_name("N");
     size("--embed-dim", o.dims.embed_dim, "embedding dimension E");
     size("--heads", o.dims.num_heads, "number of heads H, dividing E");
-    std::vector<std::string> masks;
-    for (mha::contract::MaskKind k : mha::contract::kMaskKinds) {
-        masks.emplace_back(mha::contract::mask_kind_name(k));
+    std::vector<std::string> masks = {"none"};
+    for (mha::MaskConvention c : mha::contract::kMaskConventions) {
+        masks.emplace_back(mha::contract::mask_convention_name(c));
     }
     app.add_option("--mask", o.mask,
                    "none | keep (0 = blocked) | block (nonzero = blocked), shape [B, 1, Sq, Sk]")
@@ -111,8 +111,9 @@ int list_kernels() {
     for (const mha::KernelInfo &k : kernels) {
         fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} {}\n", k.name,
                    mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
-                   fmt::join(k.buckets, ","), k.mask_kind, k.fused_qkv ? "fused" : "separate",
-                   k.returns_weights ? "yes" : "no", fmt::join(k.arguments, ", "));
+                   fmt::join(k.buckets, ","), k.masked ? "yes" : "no",
+                   k.fused_qkv ? "fused" : "separate", k.returns_weights ? "yes" : "no",
+                   fmt::join(k.arguments, ", "));
     }
     return 0;
 }

@@ -54,7 +54,7 @@ std::string bucket_names(BucketSet set) {
 
 std::string kernel_name(const std::string &where, BucketSet buckets, const ForwardVariant &v) {
     return "mha_forward_" + where + "_" + bucket_names(buckets) + "_" +
-           std::string(mask_kind_name(v.mask_kind)) + (v.fused_qkv ? "_fused" : "_separate") +
+           (v.masked ? "masked" : "unmasked") + (v.fused_qkv ? "_fused" : "_separate") +
            (v.returns_weights ? "_weights" : "");
 }
 
@@ -140,7 +140,7 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
     out << ")\n";
     for (const KernelRow &r : rows) {
         out << "mha_forward_kernel(" << r.name << " DEVICE " << device_name(r.device) << " TARGET "
-            << r.target << "\n    PARAMS mask_kind=" << mask_kind_name(r.variant.mask_kind)
+            << r.target << "\n    PARAMS masked=" << bool_name(r.variant.masked)
             << " return_weights=" << bool_name(r.variant.returns_weights)
             << " fused_qkv=" << bool_name(r.variant.fused_qkv);
         if (!r.schedule.empty()) {
@@ -152,8 +152,8 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
 }
 
 std::string variant_initializer(const ForwardVariant &v) {
-    return "{contract::MaskKind::" + std::string(mask_kind_name(v.mask_kind)) + ", " +
-           bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
+    return "{" + bool_name(v.masked) + ", " + bool_name(v.returns_weights) + ", " +
+           bool_name(v.fused_qkv) + "}";
 }
 
 std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {

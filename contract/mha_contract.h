@@ -1,7 +1,7 @@
 // The kernel contract: every fact that the build, the generators, the runtime, the tuner, the
 // tests and the benchmarks share, written once in plain C++ (no Halide):
-//   - the variant axes of the forward kernels (devices, CPU instruction sets, shape buckets, mask
-//     kinds, weights returned or not, separate or fused QKV projection);
+//   - the variant axes of the forward kernels (devices, CPU instruction sets, shape buckets,
+//     masked or not, weights returned or not, separate or fused QKV projection);
 //   - which arguments each variant takes, in call order, with their names, types and ranks;
 //   - the layout of the prepacked weights;
 //   - the benchmark sweep.
@@ -150,45 +150,39 @@ inline constexpr BucketSet kAllBuckets = (BucketSet(1) << kShapeBuckets.size()) 
 
 // --- Forward-kernel variants -------------------------------------------------------------
 
-enum class MaskKind {
-    none,   // no mask
-    keep,   // 0 = blocked (the PyTorch article: masked_fill(mask == 0, -1e9))
-    block,  // nonzero = blocked (the TF article: logits += mask * -1e9)
-};
-inline constexpr std::array kMaskKinds = {MaskKind::none, MaskKind::keep, MaskKind::block};
-
-constexpr std::string_view mask_kind_name(MaskKind kind) {
-    switch (kind) {
-    case MaskKind::none:
-        return "none";
-    case MaskKind::keep:
+// The mask conventions of the public API, by name: what `mha --mask` takes. One kernel serves
+// both (its mask_blocks_nonzero argument says which), so they are not a variant axis.
+constexpr std::string_view mask_convention_name(MaskConvention convention) {
+    switch (convention) {
+    case MaskConvention::keep:
         return "keep";
-    case MaskKind::block:
+    case MaskConvention::block:
         return "block";
     }
     return "unknown";
 }
+inline constexpr std::array kMaskConventions = {MaskConvention::keep, MaskConvention::block};
 
 // What one forward kernel computes; each combination is compiled ahead of time for every
 // device (and, on the CPU, every instruction set and group of shape buckets).
 struct ForwardVariant {
-    MaskKind mask_kind = MaskKind::none;
+    bool masked = false;  // takes a mask (either convention)
     bool returns_weights = false;
     bool fused_qkv = false;  // self-attention, query = key = value: one QKV projection
 
     constexpr bool operator==(const ForwardVariant &o) const {
-        return mask_kind == o.mask_kind && returns_weights == o.returns_weights &&
+        return masked == o.masked && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv;
     }
 };
 
-inline constexpr std::array<ForwardVariant, 12> kForwardVariants = [] {
-    std::array<ForwardVariant, 12> all{};
+inline constexpr std::array<ForwardVariant, 8> kForwardVariants = [] {
+    std::array<ForwardVariant, 8> all{};
     size_t n = 0;
-    for (MaskKind mask : kMaskKinds) {
+    for (bool masked : {false, true}) {
         for (bool weights : {false, true}) {
             for (bool fused : {false, true}) {
-                all[n++] = {mask, weights, fused};
+                all[n++] = {masked, weights, fused};
             }
         }
     }
@@ -218,6 +212,7 @@ enum class ArgId {
     out_weight,
     out_bias,
     mask,
+    mask_blocks_nonzero,
     output,
     weights,
 };
@@ -249,6 +244,8 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::out_weight, "out_weight", ArgKind::input_buffer, ElementType::f32, 3, "Woᵀ panels"},
     {ArgId::out_bias, "out_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
     {ArgId::mask, "mask", ArgKind::input_buffer, ElementType::u8, 4, "(j, i, h, b), broadcast"},
+    {ArgId::mask_blocks_nonzero, "mask_blocks_nonzero", ArgKind::input_scalar, ElementType::i32, 0,
+     "1: nonzero blocks (block), 0: zero blocks (keep)"},
     {ArgId::output, "output", ArgKind::output_buffer, ElementType::f32, 3, "(e, sq, b)"},
     {ArgId::weights, "weights", ArgKind::output_buffer, ElementType::f32, 4, "(j, i, h, b)"},
 }};
@@ -286,8 +283,9 @@ constexpr ArgList forward_arguments(const ForwardVariant &v) {
     }
     list.push(ArgId::out_weight);
     list.push(ArgId::out_bias);
-    if (v.mask_kind != MaskKind::none) {
+    if (v.masked) {
         list.push(ArgId::mask);
+        list.push(ArgId::mask_blocks_nonzero);
     }
     list.push(ArgId::output);
     if (v.returns_weights) {

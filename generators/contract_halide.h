@@ -1,8 +1,7 @@
 // The contract (contract/mha_contract.h) as the generators see it: which CPU instruction set a
-// Halide target compiles for, element types as Halide types, mask kinds as generator params.
+// Halide target compiles for, and element types as Halide types.
 #pragma once
 
-#include <map>
 #include <string>
 
 #include "Halide.h"
@@ -29,15 +28,6 @@ inline contract::CpuIsa cpu_isa_of(const Halide::Target &target) {
 
 inline Halide::Type halide_type_of(contract::ElementType type) {
     return Halide::Type(contract::halide_type(type));
-}
-
-// The enum map a GeneratorParam<MaskKind> takes.
-inline std::map<std::string, contract::MaskKind> mask_kind_names() {
-    std::map<std::string, contract::MaskKind> names;
-    for (contract::MaskKind k : contract::kMaskKinds) {
-        names.emplace(std::string(contract::mask_kind_name(k)), k);
-    }
-    return names;
 }
 
 }  // namespace mha

@@ -36,8 +36,8 @@ struct ForwardInputs {
     Halide::Func qkv_weight_t, qkv_bias;
     Halide::Expr padded;
     Halide::Func out_weight_t, out_bias;
-    Halide::Func mask;  // (j, i, h, b) extended by repeat-edge, or undefined
-    MaskKind mask_kind = MaskKind::none;
+    Halide::Func mask;                 // (j, i, h, b) extended by repeat-edge, or undefined
+    Halide::Expr mask_blocks_nonzero;  // the mask's convention (see masked_softmax)
     // True when the mask's keys are dense (stride 1), so that a schedule can specialize its
     // loads to vectors; undefined without a mask.
     Halide::Expr mask_keys_dense;
@@ -107,7 +107,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         sources.for_max = f.stat_scores[0].result;
         sources.for_sum = f.stat_scores[1].result;
     }
-    f.softmax = masked_softmax(v, sources, in.mask, in.mask_kind, in.num_keys);
+    f.softmax = masked_softmax(v, sources, in.mask, in.mask_blocks_nonzero, in.num_keys);
     Func weights = f.softmax.weights;
     if (in.weights_are_output) {
         weights = Func("weights_clamped");

@@ -15,11 +15,10 @@ namespace {
 using namespace Halide;
 using mha::contract::ArgId;
 using mha::contract::ArgKind;
-using mha::contract::MaskKind;
 
 class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
-    GeneratorParam<MaskKind> mask_kind{"mask_kind", MaskKind::none, mha::mask_kind_names()};
+    GeneratorParam<bool> masked{"masked", false};
     GeneratorParam<bool> return_weights{"return_weights", false};
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
@@ -33,7 +32,7 @@ public:
     GeneratorParam<int> est_embed_dim{"est_embed_dim", 512};
     GeneratorParam<int> est_heads{"est_heads", 8};
 
-    mha::contract::ForwardVariant variant() const { return {mask_kind, return_weights, fused_qkv}; }
+    mha::contract::ForwardVariant variant() const { return {masked, return_weights, fused_qkv}; }
 
     // The variant's arguments, in the contract's order, so that the generated function takes
     // exactly what the runtime passes (checked again at compile time by the runtime).
@@ -84,15 +83,15 @@ public:
         }
         in.out_weight_t = mha::panel_view(input(ArgId::out_weight), "out_weight_t");
         in.out_bias = input(ArgId::out_bias);
-        if (mask_kind != MaskKind::none) {
+        if (masked) {
             GeneratorInput<Buffer<>> &mask = input(ArgId::mask);
             // The mask may broadcast along any dimension through zero strides, keys included.
             mask.dim(0).set_stride(Expr());
             in.mask_keys_dense = mask.dim(0).stride() == 1;
             // Whole attention tiles may read past the last query and key: repeat the edge.
             in.mask = BoundaryConditions::repeat_edge(mask, {{0, in.num_keys}, {0, in.query_len}});
+            in.mask_blocks_nonzero = *scalars_.at(ArgId::mask_blocks_nonzero);
         }
-        in.mask_kind = mask_kind;
         in.weights_are_output = return_weights;
         in.recompute_scores = get_target().has_gpu_feature();
         stages_ = mha::define_forward(in);

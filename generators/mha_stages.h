@@ -7,11 +7,8 @@
 #pragma once
 
 #include "Halide.h"
-#include "mha_contract.h"
 
 namespace mha {
-
-using contract::MaskKind;
 
 // The pure variables every stage is written in; schedules refer to the same objects.
 struct StageVars {
@@ -108,20 +105,21 @@ struct ScoreSources {
     Halide::Func for_max, for_sum, for_weights;
 };
 
-// `mask` is read only for keep (0 = blocked, the PyTorch article) and block (nonzero = blocked,
-// the TF article's 1 = blocked) kinds; broadcasting is done by the caller's zero strides.
+// `mask` (undefined: no mask) blocks a position where its byte is nonzero when `blocks_nonzero`
+// (the TF article's 1 = blocked), where it is zero otherwise (the PyTorch article); the
+// convention is a run-time value, so one pipeline serves both. Broadcasting is done by the
+// caller's zero strides.
 inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scores,
-                                    const Halide::Func &mask, MaskKind kind,
+                                    const Halide::Func &mask, const Halide::Expr &blocks_nonzero,
                                     const Halide::Expr &num_keys) {
     using namespace Halide;
     const auto masked_scores = [&](const Func &source, const std::string &name) {
         Func masked(name);
         Expr score = source(v.j, v.i, v.h, v.b);
-        if (kind == MaskKind::none) {
+        if (!mask.defined()) {
             masked(v.j, v.i, v.h, v.b) = score;
         } else {
-            Expr flag = mask(v.j, v.i, v.h, v.b);
-            Expr blocked = kind == MaskKind::keep ? flag == 0 : flag != 0;
+            Expr blocked = (mask(v.j, v.i, v.h, v.b) != 0) == (blocks_nonzero != 0);
             masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
         }
         return masked;

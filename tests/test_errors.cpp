@@ -163,7 +163,7 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     using mha::contract::ArgId;
     mha::detail::install_runtime_hooks();
-    const mha::contract::ForwardVariant variant{mha::contract::MaskKind::none, false, false};
+    const mha::contract::ForwardVariant variant{false, false, false};
     const auto *kernel = mha::detail::find_forward_kernel(mha::detail::cpu_kernels(),
                                                           int(mha::detail::cpu_isa()), 10, variant);
     ASSERT_NE(kernel, nullptr);

@@ -6,8 +6,7 @@
 #include "HalideBuffer.h"
 #include "mha_attend_values.h"
 #include "mha_linear_projection.h"
-#include "mha_masked_softmax_block.h"
-#include "mha_masked_softmax_keep.h"
+#include "mha_masked_softmax.h"
 #include "mha_masked_softmax_none.h"
 #include "mha_merge_heads.h"
 #include "mha_scaled_scores.h"
@@ -143,10 +142,10 @@ TEST_P(Stages, MaskedSoftmaxEveryKind) {
 
     ASSERT_EQ(mha_masked_softmax_none(sb, wb), 0);
     EXPECT_LT(mha::reference::relative_l2(weights, want_for(std::nullopt)), kTolerance);
-    ASSERT_EQ(mha_masked_softmax_keep(sb, mb, wb), 0);
+    ASSERT_EQ(mha_masked_softmax(sb, mb, /*blocks_nonzero=*/0, wb), 0);
     EXPECT_LT(mha::reference::relative_l2(weights, want_for(mha::MaskConvention::keep)),
               kTolerance);
-    ASSERT_EQ(mha_masked_softmax_block(sb, mb, wb), 0);
+    ASSERT_EQ(mha_masked_softmax(sb, mb, /*blocks_nonzero=*/1, wb), 0);
     EXPECT_LT(mha::reference::relative_l2(weights, want_for(mha::MaskConvention::block)),
               kTolerance);
 }

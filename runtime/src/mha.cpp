@@ -17,7 +17,6 @@ namespace mha {
 namespace {
 
 using contract::ArgId;
-using contract::MaskKind;
 
 // Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
 constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
@@ -185,8 +184,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     contract::ForwardVariant variant;
     if (mask) {
         check_mask(*mask, call.weights_shape);
-        variant.mask_kind =
-            mask->convention == MaskConvention::keep ? MaskKind::keep : MaskKind::block;
+        variant.masked = true;
     }
     variant.returns_weights = with_weights;
     // Self-attention on one tensor takes the fused QKV projection.
@@ -239,9 +237,11 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     values[size_t(ArgId::key)] = k.raw_buffer();
     values[size_t(ArgId::value)] = v.raw_buffer();
     values[size_t(ArgId::output)] = out.raw_buffer();
+    int32_t mask_blocks_nonzero = mask && mask->convention == MaskConvention::block;
     if (mask) {
         mask_buffer = detail::mask_buffer(*mask, call.weights_shape);
         values[size_t(ArgId::mask)] = mask_buffer.raw_buffer();
+        values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;
     }
     if (weights) {
         weights_buffer = detail::dense_buffer(*weights);

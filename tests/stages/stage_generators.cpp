@@ -3,13 +3,11 @@
 #include <map>
 
 #include "Halide.h"
-#include "contract_halide.h"
 #include "mha_stages.h"
 
 namespace {
 
 using namespace Halide;
-using mha::MaskKind;
 
 // Vectorizes the innermost dimension and parallelizes the outermost of a stage's output, its
 // updates (reductions) included.
@@ -73,23 +71,27 @@ private:
 
 class MaskedSoftmaxStage : public Generator<MaskedSoftmaxStage> {
 public:
-    GeneratorParam<MaskKind> mask_kind{"mask_kind", MaskKind::none, mha::mask_kind_names()};
+    GeneratorParam<bool> masked{"masked", false};
     Input<Buffer<float, 4>> scores{"scores"};
     Input<Buffer<uint8_t, 4>> *mask = nullptr;
+    Input<int32_t> *blocks_nonzero = nullptr;
     Output<Buffer<float, 4>> weights{"weights"};
 
     void configure() {
-        if (mask_kind != MaskKind::none) {
+        if (masked) {
             mask = add_input<Buffer<uint8_t, 4>>("mask");
+            blocks_nonzero = add_input<int32_t>("blocks_nonzero");
         }
     }
     void generate() {
         Func mask_func;
+        Expr convention;
         if (mask) {
             mask->dim(0).set_stride(Expr());  // broadcast over keys too
             mask_func = *mask;
+            convention = *blocks_nonzero;
         }
-        softmax_ = mha::masked_softmax(v_, {scores, scores, scores}, mask_func, mask_kind,
+        softmax_ = mha::masked_softmax(v_, {scores, scores, scores}, mask_func, convention,
                                        scores.dim(0).extent());
         weights = softmax_.weights;
     }

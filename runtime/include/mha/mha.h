@@ -119,11 +119,11 @@ std::string dispatched_isa();
 
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
-    std::string name;  // e.g. mha_forward_cpu_avx512_small_keep_fused_weights
+    std::string name;  // e.g. mha_forward_cpu_avx512_small_masked_fused_weights
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
-    std::string mask_kind;             // none | keep | block
+    bool masked;                       // takes a mask (either convention)
     bool returns_weights;
     bool fused_qkv;
     std::vector<std::string> arguments;  // in call order, after the user_context

@@ -2,7 +2,7 @@
 # schedule files (schedules/tuned/<isa>.json).
 #
 # At configure time contract/emit_kernels.cpp is compiled and run (${MHA_EMITTER}): it writes
-# ${MHA_KERNELS_DIR}/kernels.cmake, one mha_forward_kernel() row per kernel, and
+# ${MHA_KERNELS_DIR}/kernels.cmake, one mha_kernel() row per kernel, and
 # ${MHA_KERNELS_DIR}/<device>_kernels.cpp, the runtime's table of each device's kernels. A
 # missing, malformed or mismatched tuned file stops the configure step with the emitter's
 # message, which names the file.
@@ -65,12 +65,13 @@ foreach (warning IN LISTS emit_warnings)
     message(WARNING "${warning}")
 endforeach ()
 
-# mha_forward_kernel(<name> DEVICE <device> TARGET <halide target> PARAMS <generator params>):
-# one row of kernels.cmake. Called in the directory that links the kernels into the libraries.
-function(mha_forward_kernel name)
-    cmake_parse_arguments(PARSE_ARGV 1 ARG "" "DEVICE;TARGET" "PARAMS")
+# mha_kernel(<name> DEVICE <device> GENERATOR <generator> TARGET <halide target>
+#            PARAMS <generator params>): one row of kernels.cmake. Called in the directory that
+# links the kernels into the libraries.
+function(mha_kernel name)
+    cmake_parse_arguments(PARSE_ARGV 1 ARG "" "DEVICE;GENERATOR;TARGET" "PARAMS")
     add_halide_library(${name} FROM mha_generators
-                       GENERATOR mha_forward
+                       GENERATOR ${ARG_GENERATOR}
                        TARGETS ${ARG_TARGET}
                        PARAMS ${ARG_PARAMS}
                        USE_RUNTIME mha_halide_runtime

@@ -3,7 +3,7 @@
 //
 //   emit_kernels --tuned-dir schedules/tuned --schedule-hash H --gpu 1 --out-dir <build>
 //
-// writes <out-dir>/kernels.cmake, one mha_forward_kernel(...) row per kernel to compile, and
+// writes <out-dir>/kernels.cmake, one mha_kernel(...) row per kernel to compile, and
 // <out-dir>/<device>_kernels.cpp, the table of that device's kernels with a compile-time check
 // that each takes the arguments the contract gives its variant. On the CPU, the buckets of one
 // instruction set that are tuned to the same parameters share one kernel. Prints "warning: ..."
@@ -32,7 +32,7 @@ struct KernelRow {
     mha::Device device;
     int isa = -1;  // index into kCpuIsas, -1 on GPUs
     BucketSet buckets = kAllBuckets;
-    ForwardVariant variant;
+    KernelVariant variant;
     std::string target;    // Halide target, kernel features included
     std::string schedule;  // CPU schedule parameters, "name:value,..."
 };
@@ -52,10 +52,36 @@ std::string bucket_names(BucketSet set) {
     return out;
 }
 
-std::string kernel_name(const std::string &where, BucketSet buckets, const ForwardVariant &v) {
-    return "mha_forward_" + where + "_" + bucket_names(buckets) + "_" +
-           (v.masked ? "masked" : "unmasked") + (v.fused_qkv ? "_fused" : "_separate") +
-           (v.returns_weights ? "_weights" : "");
+std::string kernel_name(const std::string &where, BucketSet buckets, const KernelVariant &v) {
+    std::string name =
+        "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + bucket_names(buckets);
+    if (v.op == KernelOp::qkv_projection) {
+        return name;
+    }
+    name += v.masked ? "_masked" : "_unmasked";
+    if (v.op == KernelOp::decode) {
+        return name;
+    }
+    return name + (v.fused_qkv ? "_fused" : "_separate") + (v.returns_weights ? "_weights" : "");
+}
+
+// The generator of each op (generators/mha_generators.cpp).
+std::string generator_name(KernelOp op) { return "mha_" + std::string(op_name(op)); }
+
+// Generator params: the variant's axes that its op has, and the CPU schedule.
+std::string generator_params(const KernelVariant &v, const std::string &schedule) {
+    std::string params;
+    if (v.op != KernelOp::qkv_projection) {
+        params += " masked=" + bool_name(v.masked);
+    }
+    if (v.op == KernelOp::forward) {
+        params += " return_weights=" + bool_name(v.returns_weights) +
+                  " fused_qkv=" + bool_name(v.fused_qkv);
+    }
+    if (!schedule.empty()) {
+        params += " \"schedule=" + schedule + "\"";
+    }
+    return params;
 }
 
 std::string with_kernel_features(std::string_view target) {
@@ -104,11 +130,24 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
     std::vector<KernelRow> rows;
     for (size_t i = 0; i < kCpuIsas.size(); i++) {
         const CpuIsa &isa = kCpuIsas[i];
-        for (const auto &[buckets, params] : cpu_groups(isa, tuned_dir, schedule_hash, warnings)) {
-            for (const ForwardVariant &v : kForwardVariants) {
-                rows.push_back({kernel_name("cpu_" + std::string(isa.name), buckets, v),
-                                mha::Device::cpu, int(i), buckets, v,
-                                with_kernel_features(isa.halide_target), params.to_string()});
+        const auto groups = cpu_groups(isa, tuned_dir, schedule_hash, warnings);
+        for (const auto &[buckets, params] : groups) {
+            for (const KernelVariant &v : kKernelVariants) {
+                if (v.op == KernelOp::forward) {
+                    rows.push_back({kernel_name("cpu_" + std::string(isa.name), buckets, v),
+                                    mha::Device::cpu, int(i), buckets, v,
+                                    with_kernel_features(isa.halide_target), params.to_string()});
+                }
+            }
+        }
+        // A decode step's kernels serve every size, with the parameters of the smallest bucket
+        // (a step's new tokens are few).
+        for (const KernelVariant &v : kKernelVariants) {
+            if (v.op != KernelOp::forward) {
+                rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),
+                                mha::Device::cpu, int(i), kAllBuckets, v,
+                                with_kernel_features(isa.halide_target),
+                                groups.front().second.to_string()});
             }
         }
     }
@@ -116,10 +155,12 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
         if (!gpu) {
             break;
         }
-        for (const ForwardVariant &v : kForwardVariants) {
-            rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
-                            g.device, -1, kAllBuckets, v, with_kernel_features(g.halide_target),
-                            ""});
+        for (const KernelVariant &v : kKernelVariants) {
+            if (v.runs_on(g.device)) {
+                rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
+                                g.device, -1, kAllBuckets, v, with_kernel_features(g.halide_target),
+                                ""});
+            }
         }
     }
     return rows;
@@ -139,21 +180,16 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
     }
     out << ")\n";
     for (const KernelRow &r : rows) {
-        out << "mha_forward_kernel(" << r.name << " DEVICE " << device_name(r.device) << " TARGET "
-            << r.target << "\n    PARAMS masked=" << bool_name(r.variant.masked)
-            << " return_weights=" << bool_name(r.variant.returns_weights)
-            << " fused_qkv=" << bool_name(r.variant.fused_qkv);
-        if (!r.schedule.empty()) {
-            out << " \"schedule=" << r.schedule << "\"";
-        }
-        out << ")\n";
+        out << "mha_kernel(" << r.name << " DEVICE " << device_name(r.device) << " GENERATOR "
+            << generator_name(r.variant.op) << " TARGET " << r.target << "\n    PARAMS"
+            << generator_params(r.variant, r.schedule) << ")\n";
     }
     return out.str();
 }
 
-std::string variant_initializer(const ForwardVariant &v) {
-    return "{" + bool_name(v.masked) + ", " + bool_name(v.returns_weights) + ", " +
-           bool_name(v.fused_qkv) + "}";
+std::string variant_initializer(const KernelVariant &v) {
+    return "{contract::KernelOp::" + std::string(op_name(v.op)) + ", " + bool_name(v.masked) +
+           ", " + bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
 }
 
 std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {
@@ -181,7 +217,7 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device)
     }
     out << "\nnamespace mha::detail {\n\n"
         << checks.str() << "\nnamespace {\n"
-        << "const ForwardKernel kKernels[] = {\n"
+        << "const CompiledKernel kKernels[] = {\n"
         << entries.str() << "};\n}  // namespace\n\n";
     if (device == mha::Device::cpu) {
         out << "const KernelComponent &cpu_kernels() {\n"

@@ -7,7 +7,7 @@
 //   - the benchmark sweep.
 // The build runs contract/emit_kernels.cpp on it to write the add_halide_library rows and the
 // runtime's kernel tables; the generators declare their Inputs and Outputs from
-// forward_arguments(); the runtime checks at compile time that every generated kernel takes
+// kernel_arguments(); the runtime checks at compile time that every generated kernel takes
 // exactly those arguments (kernel_table.h), so a renamed or reordered Input fails the build.
 #pragma once
 
@@ -163,28 +163,59 @@ constexpr std::string_view mask_convention_name(MaskConvention convention) {
 }
 inline constexpr std::array kMaskConventions = {MaskConvention::keep, MaskConvention::block};
 
-// What one forward kernel computes; each combination is compiled ahead of time for every
-// device (and, on the CPU, every instruction set and group of shape buckets).
-struct ForwardVariant {
-    bool masked = false;  // takes a mask (either convention)
+// What a kernel does.
+enum class KernelOp {
+    forward,         // the whole pass, torch.nn.MultiheadAttention's forward
+    qkv_projection,  // a decode step's first half: the new tokens' fused QKV projection
+    decode,          // its second half: the new tokens' attention over a KV cache, output
+                     // projection included
+};
+
+constexpr std::string_view op_name(KernelOp op) {
+    switch (op) {
+    case KernelOp::forward:
+        return "forward";
+    case KernelOp::qkv_projection:
+        return "qkv_projection";
+    case KernelOp::decode:
+        return "decode";
+    }
+    return "unknown";
+}
+
+// What one kernel computes; each variant is compiled ahead of time for every device it runs on
+// (and, on the CPU, every instruction set and group of shape buckets).
+struct KernelVariant {
+    KernelOp op = KernelOp::forward;
+    bool masked = false;  // takes a mask (either convention); for decode, over the cache
     bool returns_weights = false;
     bool fused_qkv = false;  // self-attention, query = key = value: one QKV projection
 
-    constexpr bool operator==(const ForwardVariant &o) const {
-        return masked == o.masked && returns_weights == o.returns_weights &&
+    constexpr bool operator==(const KernelVariant &o) const {
+        return op == o.op && masked == o.masked && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv;
+    }
+    // Decode steps run on the CPU only.
+    constexpr bool runs_on(Device device) const {
+        return op == KernelOp::forward || device == Device::cpu;
     }
 };
 
-inline constexpr std::array<ForwardVariant, 8> kForwardVariants = [] {
-    std::array<ForwardVariant, 8> all{};
+// Forward: masked or not x weights or not x separate or fused QKV. A decode step: one fused
+// QKV projection, and an attention masked (a key-padding mask over the cache) or not.
+inline constexpr std::array<KernelVariant, 11> kKernelVariants = [] {
+    std::array<KernelVariant, 11> all{};
     size_t n = 0;
     for (bool masked : {false, true}) {
         for (bool weights : {false, true}) {
             for (bool fused : {false, true}) {
-                all[n++] = {masked, weights, fused};
+                all[n++] = {KernelOp::forward, masked, weights, fused};
             }
         }
+    }
+    all[n++] = {KernelOp::qkv_projection, false, false, true};
+    for (bool masked : {false, true}) {
+        all[n++] = {KernelOp::decode, masked, false, true};
     }
     return all;
 }();
@@ -194,8 +225,8 @@ inline constexpr std::array<ForwardVariant, 8> kForwardVariants = [] {
 enum class ArgKind { input_buffer, input_scalar, output_buffer };
 enum class ElementType { f32, u8, i32 };
 
-// Every argument any forward kernel takes. Halide lists dimensions innermost first, so a
-// PyTorch tensor [B, S, E] is the buffer (e, s, b).
+// Every argument any kernel takes. Halide lists dimensions innermost first, so a PyTorch tensor
+// [B, S, E] is the buffer (e, s, b).
 enum class ArgId {
     query,
     key,
@@ -213,10 +244,18 @@ enum class ArgId {
     out_bias,
     mask,
     mask_blocks_nonzero,
+    // A decode step's.
+    new_qkv,
+    key_cache,
+    value_cache,
+    cached_lengths,
+    new_counts,
+    cache_mask,
     output,
     weights,
+    qkv_rows,
 };
-inline constexpr size_t kArgCount = size_t(ArgId::weights) + 1;
+inline constexpr size_t kArgCount = size_t(ArgId::qkv_rows) + 1;
 
 struct ArgSpec {
     ArgId id;
@@ -246,8 +285,22 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::mask, "mask", ArgKind::input_buffer, ElementType::u8, 4, "(j, i, h, b), broadcast"},
     {ArgId::mask_blocks_nonzero, "mask_blocks_nonzero", ArgKind::input_scalar, ElementType::i32, 0,
      "1: nonzero blocks (block), 0: zero blocks (keep)"},
+    {ArgId::new_qkv, "new_qkv", ArgKind::input_buffer, ElementType::f32, 3,
+     "(f, i, b): the new tokens' qkv_rows"},
+    {ArgId::key_cache, "key_cache", ArgKind::input_buffer, ElementType::f32, 4,
+     "(j, c, h, b): keys innermost"},
+    {ArgId::value_cache, "value_cache", ArgKind::input_buffer, ElementType::f32, 4,
+     "(c, j, h, b): features innermost"},
+    {ArgId::cached_lengths, "cached_lengths", ArgKind::input_buffer, ElementType::i32, 1,
+     "(b): tokens cached before this step"},
+    {ArgId::new_counts, "new_counts", ArgKind::input_buffer, ElementType::i32, 1,
+     "(b): new tokens of each row (the rest are padding)"},
+    {ArgId::cache_mask, "cache_mask", ArgKind::input_buffer, ElementType::u8, 2,
+     "(j, b): key padding over the cache"},
     {ArgId::output, "output", ArgKind::output_buffer, ElementType::f32, 3, "(e, sq, b)"},
     {ArgId::weights, "weights", ArgKind::output_buffer, ElementType::f32, 4, "(j, i, h, b)"},
+    {ArgId::qkv_rows, "qkv_rows", ArgKind::output_buffer, ElementType::f32, 3,
+     "(f, i, b): q, k, v stacked as in qkv_weight"},
 }};
 
 constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
@@ -264,8 +317,27 @@ struct ArgList {
     constexpr void push(ArgId id) { ids[count++] = id; }
 };
 
-constexpr ArgList forward_arguments(const ForwardVariant &v) {
+constexpr ArgList kernel_arguments(const KernelVariant &v) {
     ArgList list;
+    if (v.op == KernelOp::qkv_projection) {
+        for (ArgId id : {ArgId::query, ArgId::qkv_weight, ArgId::qkv_bias, ArgId::qkv_rows}) {
+            list.push(id);
+        }
+        return list;
+    }
+    if (v.op == KernelOp::decode) {
+        for (ArgId id :
+             {ArgId::new_qkv, ArgId::head_dim, ArgId::key_cache, ArgId::value_cache,
+              ArgId::cached_lengths, ArgId::new_counts, ArgId::out_weight, ArgId::out_bias}) {
+            list.push(id);
+        }
+        if (v.masked) {
+            list.push(ArgId::cache_mask);
+            list.push(ArgId::mask_blocks_nonzero);
+        }
+        list.push(ArgId::output);
+        return list;
+    }
     list.push(ArgId::query);
     if (!v.fused_qkv) {
         list.push(ArgId::key);
@@ -318,6 +390,10 @@ template <typename Int>
 constexpr Int padded_features(Int embed_dim, Int head_dim) {
     return round_up(embed_dim - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
 }
+
+// A decode kernel reads the key cache in whole tiles of this many keys: caches hold a multiple
+// of it, and the runtime passes them cropped to one.
+inline constexpr int kCacheKeyTile = 64;
 
 // The fused QKV weights stack Wq, Wk, Wv along the output features, each `padded` wide: the
 // first output feature of projection p (0 = q, 1 = k, 2 = v).

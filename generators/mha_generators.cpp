@@ -1,13 +1,15 @@
-// The production generators: the forward pass, whose Inputs and Outputs are declared from the
-// contract (contract/mha_contract.h), and the probe that tells the runtime which CPU instruction
-// set Halide's own target check accepts. Algorithms come from mha_stages.h / mha_forward.h;
-// schedules from schedules/.
+// The production generators: the forward pass, a decode step's two halves (QKV projection,
+// attention over the KV cache), all with their Inputs and Outputs declared from the contract
+// (contract/mha_contract.h), and the probe that tells the runtime which CPU instruction set
+// Halide's own target check accepts. Algorithms come from mha_stages.h, mha_forward.h and
+// mha_decode.h; schedules from schedules/.
 #include <map>
 
 #include "Halide.h"
 #include "contract_halide.h"
 #include "cpu_schedule.h"
 #include "gpu_schedule.h"
+#include "mha_decode.h"
 #include "mha_forward.h"
 
 namespace {
@@ -15,6 +17,60 @@ namespace {
 using namespace Halide;
 using mha::contract::ArgId;
 using mha::contract::ArgKind;
+
+// A generator's Inputs and Outputs, declared in configure() from the contract's argument list of
+// its variant, in that order, so that the generated function takes exactly what the runtime
+// passes (checked again at compile time by the runtime's kernel tables).
+class ContractArguments {
+public:
+    void declare(Internal::GeneratorBase &gen, const mha::contract::KernelVariant &variant) {
+        for (ArgId id : mha::contract::kernel_arguments(variant)) {
+            const mha::contract::ArgSpec &a = mha::contract::arg(id);
+            const std::string name(a.name);
+            const Type type = mha::halide_type_of(a.type);
+            switch (a.kind) {
+            case ArgKind::input_buffer:
+                buffers_[id] = gen.add_input<Buffer<>>(name, type, a.rank);
+                break;
+            case ArgKind::input_scalar:
+                scalars_[id] = gen.add_input<Expr>(name, type);
+                break;
+            case ArgKind::output_buffer:
+                outputs_[id] = gen.add_output<Buffer<>>(name, type, a.rank);
+                break;
+            }
+        }
+    }
+
+    GeneratorInput<Buffer<>> &input(ArgId id) { return *buffers_.at(id); }
+    Expr scalar(ArgId id) { return *scalars_.at(id); }
+    GeneratorInput<Expr> &scalar_input(ArgId id) { return *scalars_.at(id); }
+    GeneratorOutput<Buffer<>> &output(ArgId id) { return *outputs_.at(id); }
+    const std::map<ArgId, GeneratorInput<Buffer<>> *> &inputs() const { return buffers_; }
+
+private:
+    std::map<ArgId, GeneratorInput<Buffer<>> *> buffers_;
+    std::map<ArgId, GeneratorInput<Expr> *> scalars_;
+    std::map<ArgId, GeneratorOutput<Buffer<>> *> outputs_;
+};
+
+// The CPU schedule parameters of a generator's target: the defaults of its instruction set, then
+// the "schedule" generator param.
+mha::cpu::ScheduleParams cpu_params(const Target &target, const std::string &assignments) {
+    const mha::contract::CpuIsa isa = mha::cpu_isa_of(target);
+    if (target.natural_vector_size<float>() != isa.f32_lanes) {
+        throw CompileError("contract/mha_contract.h gives " + std::string(isa.name) + " " +
+                           std::to_string(isa.f32_lanes) + " f32 lanes, Halide " +
+                           std::to_string(target.natural_vector_size<float>()));
+    }
+    mha::cpu::ScheduleParams params = mha::cpu::ScheduleParams::defaults(isa);
+    try {
+        params.apply(assignments);
+    } catch (const std::invalid_argument &e) {
+        throw CompileError(e.what());
+    }
+    return params;
+}
 
 class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
@@ -32,35 +88,17 @@ public:
     GeneratorParam<int> est_embed_dim{"est_embed_dim", 512};
     GeneratorParam<int> est_heads{"est_heads", 8};
 
-    mha::contract::ForwardVariant variant() const { return {masked, return_weights, fused_qkv}; }
-
-    // The variant's arguments, in the contract's order, so that the generated function takes
-    // exactly what the runtime passes (checked again at compile time by the runtime).
-    void configure() {
-        for (ArgId id : mha::contract::forward_arguments(variant())) {
-            const mha::contract::ArgSpec &a = mha::contract::arg(id);
-            const std::string name(a.name);
-            const Type type = mha::halide_type_of(a.type);
-            switch (a.kind) {
-            case ArgKind::input_buffer:
-                buffers_[id] = add_input<Buffer<>>(name, type, a.rank);
-                break;
-            case ArgKind::input_scalar:
-                scalars_[id] = add_input<Expr>(name, type);
-                break;
-            case ArgKind::output_buffer:
-                outputs_[id] = add_output<Buffer<>>(name, type, a.rank);
-                break;
-            }
-        }
+    mha::contract::KernelVariant variant() const {
+        return {mha::contract::KernelOp::forward, masked, return_weights, fused_qkv};
     }
+    void configure() { args_.declare(*this, variant()); }
 
     void generate() {
         const bool fused = fused_qkv;
         GeneratorInput<Buffer<>> &query = input(ArgId::query);
         mha::ForwardInputs in;
         in.embed_dim = query.dim(0).extent();
-        in.head_dim = *scalars_.at(ArgId::head_dim);
+        in.head_dim = args_.scalar(ArgId::head_dim);
         in.query_len = query.dim(1).extent();
         in.batch = query.dim(2).extent();
         in.query = query;
@@ -90,16 +128,16 @@ public:
             in.mask_keys_dense = mask.dim(0).stride() == 1;
             // Whole attention tiles may read past the last query and key: repeat the edge.
             in.mask = BoundaryConditions::repeat_edge(mask, {{0, in.num_keys}, {0, in.query_len}});
-            in.mask_blocks_nonzero = *scalars_.at(ArgId::mask_blocks_nonzero);
+            in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
         }
         in.weights_are_output = return_weights;
         in.recompute_scores = get_target().has_gpu_feature();
         stages_ = mha::define_forward(in);
         // The output is a guarded copy of the whole-tile output projection.
         const mha::StageVars &v = stages_.v;
-        (*outputs_.at(ArgId::output))(v.e, v.s, v.b) = stages_.output(v.e, v.s, v.b);
+        args_.output(ArgId::output)(v.e, v.s, v.b) = stages_.output(v.e, v.s, v.b);
         if (return_weights) {
-            *outputs_.at(ArgId::weights) = stages_.softmax.weights;
+            args_.output(ArgId::weights) = stages_.softmax.weights;
         }
         set_shape_estimates();
     }
@@ -108,30 +146,19 @@ public:
         if (using_autoscheduler()) {
             return;
         }
-        Func output = *outputs_.at(ArgId::output);
+        Func output = args_.output(ArgId::output);
         if (get_target().has_gpu_feature()) {
             mha::gpu::schedule_forward(stages_, return_weights, {});
             mha::gpu::schedule_output_copy(stages_.v, output);
             return;
         }
-        const mha::contract::CpuIsa isa = mha::cpu_isa_of(get_target());
-        if (get_target().natural_vector_size<float>() != isa.f32_lanes) {
-            throw CompileError("contract/mha_contract.h gives " + std::string(isa.name) + " " +
-                               std::to_string(isa.f32_lanes) + " f32 lanes, Halide " +
-                               std::to_string(get_target().natural_vector_size<float>()));
-        }
-        mha::cpu::ScheduleParams params = mha::cpu::ScheduleParams::defaults(isa);
-        try {
-            params.apply(std::string(schedule_params));
-        } catch (const std::invalid_argument &e) {
-            throw CompileError(e.what());
-        }
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
         mha::cpu::schedule_forward(stages_, return_weights, params);
         mha::cpu::schedule_output_copy(stages_.v, output, params);
     }
 
 private:
-    GeneratorInput<Buffer<>> &input(ArgId id) { return *buffers_.at(id); }
+    GeneratorInput<Buffer<>> &input(ArgId id) { return args_.input(id); }
 
     void set_shape_estimates() {
         const int B = est_batch, Sq = est_query_len, Sk = est_key_len, E = est_embed_dim;
@@ -146,7 +173,7 @@ private:
             {ArgId::qkv_bias, {{0, 3 * P}}},
             {ArgId::mask, {{0, Sk}, {0, Sq}, {0, H}, {0, B}}},
         };
-        for (auto &[id, buffer] : buffers_) {
+        for (auto &[id, buffer] : args_.inputs()) {
             const auto known = estimates.find(id);
             if (known != estimates.end()) {
                 buffer->set_estimates(known->second);
@@ -156,17 +183,95 @@ private:
                 buffer->set_estimates({{0, P}});
             }
         }
-        scalars_.at(ArgId::head_dim)->set_estimate(d);
-        outputs_.at(ArgId::output)->set_estimates({{0, E}, {0, Sq}, {0, B}});
+        args_.scalar_input(ArgId::head_dim).set_estimate(d);
+        args_.output(ArgId::output).set_estimates({{0, E}, {0, Sq}, {0, B}});
         if (return_weights) {
-            outputs_.at(ArgId::weights)->set_estimates({{0, Sk}, {0, Sq}, {0, H}, {0, B}});
+            args_.output(ArgId::weights).set_estimates({{0, Sk}, {0, Sq}, {0, H}, {0, B}});
         }
     }
 
-    std::map<ArgId, GeneratorInput<Buffer<>> *> buffers_;
-    std::map<ArgId, GeneratorInput<Expr> *> scalars_;
-    std::map<ArgId, GeneratorOutput<Buffer<>> *> outputs_;
+    ContractArguments args_;
     mha::ForwardStages stages_;
+};
+
+// A decode step's first half: the new tokens' fused QKV projection, written as qkv_rows
+// (f, i, b) for the runtime to append keys and values to the cache and for the decode kernel to
+// read queries from.
+class QkvProjection : public Generator<QkvProjection> {
+public:
+    GeneratorParam<std::string> schedule_params{"schedule", ""};
+
+    void configure() {
+        args_.declare(*this, {mha::contract::KernelOp::qkv_projection, false, false, true});
+    }
+
+    void generate() {
+        GeneratorInput<Buffer<>> &tokens = args_.input(ArgId::query);
+        const Expr n = tokens.dim(1).extent(), batch = tokens.dim(2).extent();
+        projection_ = mha::linear_projection(
+            v_, mha::token_rows(v_, tokens, n, batch, "token_rows"),
+            mha::panel_view(args_.input(ArgId::qkv_weight), "qkv_weight_t"),
+            args_.input(ArgId::qkv_bias), tokens.dim(0).extent(), "qkv_proj");
+        args_.output(ArgId::qkv_rows)(v_.e, v_.s, v_.b) = projection_.result(v_.e, v_.s + v_.b * n);
+    }
+
+    void schedule() {
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
+        mha::cpu::schedule_projection(v_, projection_, params);
+        mha::cpu::schedule_output_copy(v_, args_.output(ArgId::qkv_rows), params);
+    }
+
+private:
+    ContractArguments args_;
+    mha::StageVars v_;
+    mha::Projection projection_;
+};
+
+// A decode step's second half: attention of the new tokens over the KV cache, and the output
+// projection (generators/mha_decode.h).
+class DecodeAttention : public Generator<DecodeAttention> {
+public:
+    GeneratorParam<bool> masked{"masked", false};
+    GeneratorParam<std::string> schedule_params{"schedule", ""};
+
+    void configure() {
+        args_.declare(*this, {mha::contract::KernelOp::decode, masked, false, true});
+    }
+
+    void generate() {
+        GeneratorInput<Buffer<>> &new_qkv = args_.input(ArgId::new_qkv);
+        GeneratorInput<Buffer<>> &key_cache = args_.input(ArgId::key_cache);
+        mha::DecodeInputs in;
+        in.new_qkv = new_qkv;
+        in.key_cache = key_cache;
+        in.value_cache = args_.input(ArgId::value_cache);
+        in.cached_lengths = args_.input(ArgId::cached_lengths);
+        in.new_counts = args_.input(ArgId::new_counts);
+        if (masked) {
+            in.cache_mask = args_.input(ArgId::cache_mask);
+            in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
+        }
+        in.out_weight_t = mha::panel_view(args_.input(ArgId::out_weight), "out_weight_t");
+        in.out_bias = args_.input(ArgId::out_bias);
+        in.head_dim = args_.scalar(ArgId::head_dim);
+        in.num_keys = key_cache.dim(0).extent();
+        in.new_tokens = new_qkv.dim(1).extent();
+        in.batch = new_qkv.dim(2).extent();
+        in.embed_dim = key_cache.dim(2).extent() * in.head_dim;
+        stages_ = mha::define_decode(in);
+        const mha::StageVars &v = stages_.v;
+        args_.output(ArgId::output)(v.e, v.s, v.b) = stages_.output(v.e, v.s, v.b);
+    }
+
+    void schedule() {
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
+        mha::cpu::schedule_decode(stages_, params);
+        mha::cpu::schedule_output_copy(stages_.v, args_.output(ArgId::output), params);
+    }
+
+private:
+    ContractArguments args_;
+    mha::DecodeStages stages_;
 };
 
 // Built for every CPU instruction set of the contract at once (Halide's multi-target dispatch
@@ -190,4 +295,6 @@ public:
 }  // namespace
 
 HALIDE_REGISTER_GENERATOR(MultiHeadAttentionForward, mha_forward)
+HALIDE_REGISTER_GENERATOR(QkvProjection, mha_qkv_projection)
+HALIDE_REGISTER_GENERATOR(DecodeAttention, mha_decode)
 HALIDE_REGISTER_GENERATOR(CpuIsaProbe, mha_cpu_isa_probe)

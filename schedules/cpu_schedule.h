@@ -11,6 +11,7 @@
 
 #include "Halide.h"
 #include "cpu_params.h"
+#include "mha_decode.h"
 #include "mha_forward.h"
 
 namespace mha::cpu {
@@ -54,6 +55,42 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
         .unroll(ri);
     schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, p.k.x, sp.vector_lanes);
     return tiles;
+}
+
+// The attention tile computed at `tile_loop` of `owner` (its buffers stored at `task_loop`):
+// Q·Kᵀ for the tile's query rows against every key, in register tiles of qk_vectors x
+// `qk_rows`; the masked softmax's row statistics, rfactored into vector-wide partial results;
+// its exponentials. Returns the Q·Kᵀ tile buffer.
+inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &scores,
+                                            MaskedSoftmax &sm, Halide::Func owner,
+                                            const Halide::Var &task_loop,
+                                            const Halide::Var &tile_loop, int qk_rows,
+                                            const ScheduleParams &sp) {
+    using namespace Halide;
+    const int vec = sp.vector_lanes;
+    const auto whole = TailStrategy::RoundUp;
+    Func score_tiles = scores.dot.in();
+    Var jo("jo"), ji("ji"), qio("qio"), qii("qii");
+    score_tiles.store_at(owner, task_loop)
+        .compute_at(owner, tile_loop)
+        .split(v.j, jo, ji, vec * sp.qk_vectors, whole)
+        .split(v.i, qio, qii, qk_rows, whole)
+        .reorder(ji, qii, jo, qio)
+        .vectorize(ji, vec)
+        .unroll(ji)
+        .unroll(qii);
+    schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, scores.c.x, vec);
+    for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
+        RVar rjo("rjo"), rji("rji");
+        Var lane("lane");
+        row.store_at(owner, task_loop).compute_at(owner, tile_loop);
+        Func partial = row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
+        partial.compute_at(owner, tile_loop).reorder_storage(lane, v.i, v.h, v.b).vectorize(lane);
+        partial.update().vectorize(lane);
+    }
+    sm.exps.store_at(owner, task_loop).compute_at(owner, tile_loop).vectorize(v.j, vec, whole);
+    sm.inv_sum.store_at(owner, task_loop).compute_at(owner, tile_loop);
+    return score_tiles;
 }
 
 // The forward pass. Projections are register-tiled GEMMs. The attention core runs per
@@ -161,35 +198,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
             .fold_storage(v.i, sp.attention_rows);
     }
 
-    // Q·Kᵀ: a wrapper over all keys of the tile's rows, accumulating in registers.
-    Func score_tiles = f.scores.dot.in();
-    Var jo("jo"), ji("ji"), qio("qio"), qii("qii");
-    const int qk_cols = vec * sp.qk_vectors;
-    score_tiles.store_at(tile_owner, task_loop)
-        .compute_at(tile_owner, tile_loop)
-        .split(v.j, jo, ji, qk_cols, whole)
-        .split(v.i, qio, qii, sp.qk_rows, whole)
-        .reorder(ji, qii, jo, qio)
-        .vectorize(ji, vec)
-        .unroll(ji)
-        .unroll(qii);
-    schedule_register_tile(f.scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, f.scores.c.x, vec);
-
-    // Row reductions vectorized across keys: rfactor into vector-wide partial results.
-    for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
-        RVar rjo("rjo"), rji("rji");
-        Var lane("lane");
-        row.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
-        Func partial = row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
-        partial.compute_at(tile_owner, tile_loop)
-            .reorder_storage(lane, v.i, v.h, v.b)
-            .vectorize(lane);
-        partial.update().vectorize(lane);
-    }
-    sm.exps.store_at(tile_owner, task_loop)
-        .compute_at(tile_owner, tile_loop)
-        .vectorize(v.j, vec, whole);
-    sm.inv_sum.store_at(tile_owner, task_loop).compute_at(tile_owner, tile_loop);
+    const Func score_tiles =
+        schedule_attention_tile(v, f.scores, sm, tile_owner, task_loop, tile_loop, sp.qk_rows, sp);
     // A task's tiles reuse one tile's worth of storage.
     for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
         tile_buffer.fold_storage(v.i, sp.attention_rows);
@@ -200,6 +210,33 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     if (f.mask_keys_dense.defined()) {
         tile_owner.specialize(f.mask_keys_dense);
     }
+}
+
+// A decode step. Per (batch row, head) task and new token: Q·Kᵀ against every cached key in
+// register tiles (one token row), the masked softmax in per-token buffers, weights·V over the
+// cache vectorized over the head's features; then the output projection over the few new rows.
+// The cache is read where it lies, never copied: the runtime passes it cropped to a multiple of
+// contract::kCacheKeyTile keys, so that whole key tiles stay inside it.
+inline void schedule_decode(DecodeStages &f, const ScheduleParams &sp) {
+    using namespace Halide;
+    const StageVars &v = f.v;
+    const int vec = sp.vector_lanes;
+    const auto guard = TailStrategy::GuardWithIf;
+    schedule_projection(v, f.out_proj, sp);
+    f.out_proj.rows.compute_root().vectorize(v.e, vec, guard);
+
+    // Heads and batch rows are separate parallel loops (see schedule_forward).
+    Func context_tiles = f.context.result.in();
+    context_tiles.compute_root()
+        .reorder(v.c, v.i, v.h, v.b)
+        .parallel(v.h)
+        .parallel(v.b)
+        .vectorize(v.c, vec, guard);
+    f.context.result.compute_at(context_tiles, v.i).vectorize(v.c, vec, guard);
+    f.context.result.update().reorder(v.c, f.context.j.x).vectorize(v.c, vec, guard);
+    MaskedSoftmax &sm = f.softmax;
+    sm.weights.compute_at(context_tiles, v.i).vectorize(v.j, vec, TailStrategy::RoundUp);
+    schedule_attention_tile(v, f.scores, sm, context_tiles, v.i, v.i, 1, sp);
 }
 
 // A pipeline output copied out of a whole-tile stage: the only place tails are guarded.

@@ -163,9 +163,10 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     using mha::contract::ArgId;
     mha::detail::install_runtime_hooks();
-    const mha::contract::ForwardVariant variant{false, false, false};
-    const auto *kernel = mha::detail::find_forward_kernel(mha::detail::cpu_kernels(),
-                                                          int(mha::detail::cpu_isa()), 10, variant);
+    const mha::contract::KernelVariant variant{mha::contract::KernelOp::forward, false, false,
+                                               false};
+    const auto *kernel = mha::detail::find_kernel(mha::detail::cpu_kernels(),
+                                                  int(mha::detail::cpu_isa()), 10, variant);
     ASSERT_NE(kernel, nullptr);
     const int padded = mha::contract::padded_features(12, 4);
     const int panel = mha::contract::kWeightPanel;

@@ -1,9 +1,11 @@
 // Halide buffers over caller or module memory, never owning the host memory; on a GPU they own
 // the device allocations they receive (uploads, wrapped handles) and release them when the last
-// copy goes.
+// copy goes. Making one allocates nothing (a decode step allocates nothing at all).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "HalideBuffer.h"
@@ -13,21 +15,32 @@ namespace mha::detail {
 
 using HostBuffer = Halide::Runtime::Buffer<void>;
 
-// Over `data` of `type`, with shape and strides (in elements) outermost first, as PyTorch lists
-// them; Halide lists dimensions innermost first.
-HostBuffer view_buffer(const void *data, halide_type_t type, const std::vector<int64_t> &shape,
-                       const std::vector<int64_t> &strides);
+// Buffers have at most this many dimensions.
+inline constexpr int kMaxRank = 4;
+
+// Over `data` of `type`, with `rank` extents and strides (in elements) outermost first, as
+// PyTorch lists them; Halide lists dimensions innermost first.
+HostBuffer view_buffer(const void *data, halide_type_t type, int rank, const int64_t *shape,
+                       const int64_t *strides);
+
+inline HostBuffer view_buffer(const void *data, halide_type_t type,
+                              std::initializer_list<int64_t> shape,
+                              std::initializer_list<int64_t> strides) {
+    return view_buffer(data, type, int(shape.size()), shape.begin(), strides.begin());
+}
 
 // A dense row-major tensor.
 template <typename T>
 HostBuffer dense_buffer(const TensorView<T> &t) {
-    std::vector<int64_t> strides(t.shape.size());
+    const int rank = int(t.shape.size());
+    std::array<int64_t, kMaxRank> strides{};
     int64_t stride = 1;
-    for (size_t d = t.shape.size(); d-- > 0;) {
+    for (int d = rank; d-- > 0;) {
         strides[d] = stride;
         stride *= t.shape[d];
     }
-    return view_buffer(t.data, halide_type_of<std::remove_const_t<T>>(), t.shape, strides);
+    return view_buffer(t.data, halide_type_of<std::remove_const_t<T>>(), rank, t.shape.data(),
+                       strides.data());
 }
 
 // A mask as a [B, H, Sq, Sk] (= `full`) buffer: broadcast dimensions get stride 0.

@@ -95,16 +95,19 @@ void check_halide(int result, const CallContext &context, const std::string &wha
     }
 }
 
-void call_kernel(const ForwardKernel &kernel, CallContext &context, const ArgValues &values) {
+void call_kernel(const CompiledKernel &kernel, CallContext &context, const ArgValues &values) {
     void *user_context = &context;
     std::array<void *, contract::kArgCount + 1> argv{};
     size_t n = 0;
     argv[n++] = &user_context;
-    for (contract::ArgId id : contract::forward_arguments(kernel.variant)) {
+    for (contract::ArgId id : contract::kernel_arguments(kernel.variant)) {
         argv[n++] = values[size_t(id)];
     }
     last_kernel = kernel.name;
-    check_halide(kernel.call_argv(argv.data()), context, fmt::format("kernel {}", kernel.name));
+    const int result = kernel.call_argv(argv.data());
+    if (result != 0) {  // the message is formatted only then: a call allocates nothing
+        check_halide(result, context, fmt::format("kernel {}", kernel.name));
+    }
 }
 
 std::string_view last_kernel_name() { return last_kernel; }

@@ -33,7 +33,7 @@ void check_halide(int result, const CallContext &context, const std::string &wha
 using ArgValues = std::array<void *, contract::kArgCount>;
 
 // Runs `kernel`; a failure inside it raises mha::Error with Halide's message.
-void call_kernel(const ForwardKernel &kernel, CallContext &context, const ArgValues &values);
+void call_kernel(const CompiledKernel &kernel, CallContext &context, const ArgValues &values);
 
 // The name of the kernel the last call_kernel on this thread ran.
 std::string_view last_kernel_name();

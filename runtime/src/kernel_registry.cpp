@@ -24,12 +24,11 @@ const KernelComponent *linked_component(Device device) {
     return nullptr;
 }
 
-const ForwardKernel *find_forward_kernel(const KernelComponent &component, int isa,
-                                         int64_t token_rows,
-                                         const contract::ForwardVariant &variant) {
+const CompiledKernel *find_kernel(const KernelComponent &component, int isa, int64_t token_rows,
+                                  const contract::KernelVariant &variant) {
     const contract::BucketSet bucket = contract::bucket_bit(contract::shape_bucket(token_rows));
     for (size_t k = 0; k < component.count; k++) {
-        const ForwardKernel &kernel = component.kernels[k];
+        const CompiledKernel &kernel = component.kernels[k];
         if (kernel.variant == variant && (kernel.buckets & bucket) &&
             (kernel.device != Device::cpu || kernel.isa == isa)) {
             return &kernel;
@@ -45,8 +44,9 @@ std::vector<KernelInfo> linked_kernels() {
     for (Device device : contract::kDevices) {
         const detail::KernelComponent *component = detail::linked_component(device);
         for (size_t k = 0; component != nullptr && k < component->count; k++) {
-            const detail::ForwardKernel &kernel = component->kernels[k];
+            const detail::CompiledKernel &kernel = component->kernels[k];
             KernelInfo info{std::string(kernel.name),
+                            std::string(contract::op_name(kernel.variant.op)),
                             kernel.device,
                             kernel.isa >= 0 ? std::string(contract::kCpuIsas[kernel.isa].name) : "",
                             {},
@@ -63,7 +63,7 @@ std::vector<KernelInfo> linked_kernels() {
                     info.buckets.emplace_back(b.name);
                 }
             }
-            for (contract::ArgId id : contract::forward_arguments(kernel.variant)) {
+            for (contract::ArgId id : contract::kernel_arguments(kernel.variant)) {
                 info.arguments.emplace_back(contract::arg(id).name);
             }
             all.push_back(std::move(info));

@@ -15,19 +15,19 @@
 
 namespace mha::detail {
 
-struct ForwardKernel {
+struct CompiledKernel {
     std::string_view name;
     Device device;
     int isa;  // index into contract::kCpuIsas; -1 on GPUs
     contract::BucketSet buckets;
-    contract::ForwardVariant variant;
+    contract::KernelVariant variant;
     int (*call_argv)(void **args);  // Halide's _argv entry point: user_context, then arguments
 };
 
 // One device's kernels; GPU devices come as separately linked components.
 struct KernelComponent {
     Device device;
-    const ForwardKernel *kernels;
+    const CompiledKernel *kernels;
     size_t count;
     const halide_device_interface_t *(*device_interface)();  // null on the CPU
 };
@@ -39,9 +39,8 @@ const KernelComponent *linked_component(Device device);
 
 // The kernel of `component` for a call of `variant` whose largest projection has `token_rows`,
 // on CPU instruction set `isa` (ignored on GPUs); null when the build has none.
-const ForwardKernel *find_forward_kernel(const KernelComponent &component, int isa,
-                                         int64_t token_rows,
-                                         const contract::ForwardVariant &variant);
+const CompiledKernel *find_kernel(const KernelComponent &component, int isa, int64_t token_rows,
+                                  const contract::KernelVariant &variant);
 
 constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind kind) {
     switch (kind) {
@@ -59,8 +58,8 @@ constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind 
 // then exactly the contract's arguments of `variant`: same names, order, kinds, ranks, types.
 template <size_t N>
 constexpr bool takes_contract_arguments(const std::array<HalideFunctionInfo::ArgumentInfo, N> &info,
-                                        const contract::ForwardVariant &variant) {
-    const contract::ArgList args = contract::forward_arguments(variant);
+                                        const contract::KernelVariant &variant) {
+    const contract::ArgList args = contract::kernel_arguments(variant);
     if (N != args.size() + 1 || info[0].name != "__user_context") {
         return false;
     }

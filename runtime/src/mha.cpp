@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "buffers.h"
+#include "checks.h"
 #include "cpu_isa.h"
 #include "device.h"
 #include "halide_calls.h"
@@ -17,56 +18,11 @@ namespace mha {
 namespace {
 
 using contract::ArgId;
-
-// Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
-constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
-
-std::string shape_string(const std::vector<int64_t> &shape) {
-    return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-// A tensor needs host data or, on a GPU module, a device handle.
-template <typename T>
-void check_data(const char *name, const TensorView<T> &t) {
-    if (t.data == nullptr && t.device_handle == 0) {
-        throw Error(fmt::format("{} has a null data pointer", name));
-    }
-}
-
-template <typename T>
-void check_tensor(const char *name, const TensorView<T> &t, const std::vector<int64_t> &expected) {
-    if (t.shape != expected) {
-        throw Error(fmt::format("{} has shape {} but must be {}", name, shape_string(t.shape),
-                                shape_string(expected)));
-    }
-    check_data(name, t);
-}
-
-// Checks rank, positive extents, a data pointer and the kernel's addressing limit.
-template <typename T>
-void check_view(const char *name, const TensorView<T> &t, size_t rank, const char *layout) {
-    if (t.shape.size() != rank) {
-        throw Error(fmt::format("{} has shape {} but must have {} dimensions {}", name,
-                                shape_string(t.shape), rank, layout));
-    }
-    int64_t bytes = sizeof(T);
-    for (size_t d = 0; d < rank; d++) {
-        if (t.shape[d] < 1) {
-            throw Error(fmt::format("{} has shape {}: dimension {} is {}, must be >= 1", name,
-                                    shape_string(t.shape), d, t.shape[d]));
-        }
-        if (t.shape[d] > kMaxBufferBytes / bytes) {
-            bytes = kMaxBufferBytes + 1;
-            break;
-        }
-        bytes *= t.shape[d];
-    }
-    if (bytes > kMaxBufferBytes) {
-        throw Error(fmt::format("{} has shape {}: more than the {} bytes a kernel addresses", name,
-                                shape_string(t.shape), kMaxBufferBytes));
-    }
-    check_data(name, t);
-}
+using detail::check_data;
+using detail::check_tensor;
+using detail::check_view;
+using detail::kMaxBufferBytes;
+using detail::shape_string;
 
 void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
     static const char *const kDimNames[] = {"batch", "num_heads", "query length", "key length"};
@@ -105,7 +61,7 @@ const detail::KernelComponent *component_for(Device device) {
 
 // What one call runs, after its arguments are checked.
 struct MultiHeadAttention::Call {
-    const detail::ForwardKernel *kernel;
+    const detail::CompiledKernel *kernel;
     std::vector<int64_t> weights_shape;  // [B, H, Sq, Sk]
 };
 
@@ -135,10 +91,10 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
     const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
     for (int p = 0; p < 4; p++) {
         check_tensor(fmt::format("{}.weight", kProjectionNames[p]).c_str(), linears[p]->weight,
-                     {E, E});
+                     std::array{E, E});
         if (linears[p]->bias) {
             check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
-                         {E});
+                         std::array{E});
         }
     }
     const detail::KernelComponent *component = component_for(device);
@@ -181,7 +137,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
         }
     }
     Call call{nullptr, {B, H, Sq, Sk}};
-    contract::ForwardVariant variant;
+    contract::KernelVariant variant;
     if (mask) {
         check_mask(*mask, call.weights_shape);
         variant.masked = true;
@@ -194,7 +150,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
                         query.shape == value.shape;
     const detail::KernelComponent &component = *component_for(device_);
     const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
-    call.kernel = detail::find_forward_kernel(component, isa, B * std::max(Sq, Sk), variant);
+    call.kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk), variant);
     if (call.kernel == nullptr) {
         throw Error(fmt::format("internal error: the {} kernels have no variant for this call",
                                 contract::device_name(device_)));
@@ -213,7 +169,7 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
                                  const std::optional<MutableTensor> &weights) const {
     const Call call = prepare(query, key, value, mask, weights.has_value());
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
-    check_tensor("output", output, {B, Sq, E});
+    check_tensor("output", output, std::array{B, Sq, E});
     if (weights) {
         check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
         check_tensor("weights", *weights, call.weights_shape);

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace mha::detail {
 namespace {
@@ -14,9 +15,12 @@ constexpr size_t kAlignment = 128;
 
 struct Pool {
     std::mutex mutex;
-    std::multimap<size_t, void *> free_blocks;  // by size
-    std::unordered_map<void *, size_t> sizes;   // every block the pool allocated
+    // (size, block). A vector, scanned, rather than a map: taking and returning blocks then
+    // allocates nothing once it has grown to the number of blocks a call uses.
+    std::vector<std::pair<size_t, void *>> free_blocks;
+    std::unordered_map<void *, size_t> sizes;  // every block the pool allocated
     size_t cached = 0;
+    size_t allocated = 0;
 };
 
 // Never destroyed: Halide may free a buffer after static destructors have run.
@@ -33,16 +37,24 @@ void *scratch_allocate(size_t bytes) {
     Pool &p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
     // The smallest free block that fits, unless it would waste more than the request.
-    const auto fit = p.free_blocks.lower_bound(size);
-    if (fit != p.free_blocks.end() && fit->first <= 2 * size) {
+    auto fit = p.free_blocks.end();
+    for (auto b = p.free_blocks.begin(); b != p.free_blocks.end(); ++b) {
+        if (b->first >= size && b->first <= 2 * size &&
+            (fit == p.free_blocks.end() || b->first < fit->first)) {
+            fit = b;
+        }
+    }
+    if (fit != p.free_blocks.end()) {
         void *block = fit->second;
         p.cached -= fit->first;
-        p.free_blocks.erase(fit);
+        *fit = p.free_blocks.back();
+        p.free_blocks.pop_back();
         return block;
     }
     void *block = std::aligned_alloc(kAlignment, size);
     if (block != nullptr) {
         p.sizes.emplace(block, size);
+        p.allocated++;
     }
     return block;
 }
@@ -64,8 +76,14 @@ void scratch_release(void *block) {
         std::free(block);
         return;
     }
-    p.free_blocks.emplace(size, block);
+    p.free_blocks.emplace_back(size, block);
     p.cached += size;
+}
+
+size_t scratch_blocks_allocated() {
+    Pool &p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    return p.allocated;
 }
 
 size_t scratch_cached_bytes() {

@@ -15,7 +15,8 @@ inline constexpr size_t kMaxCachedBytes = size_t(256) << 20;
 void *scratch_allocate(size_t bytes);
 void scratch_release(void *block);
 
-// Bytes held for reuse now, for tests.
+// Bytes held for reuse now, and blocks obtained from the C library so far, for tests.
 size_t scratch_cached_bytes();
+size_t scratch_blocks_allocated();
 
 }  // namespace mha::detail

@@ -70,7 +70,32 @@ struct Linear {
 
 namespace detail {
 struct PackedWeights;
-}
+struct KvCacheStorage;
+}  // namespace detail
+
+// The keys and values of the tokens a decoder has seen, already projected and split into heads,
+// so that a decode step projects only its new tokens (MultiHeadAttention::decode). Made by a
+// module (make_cache) for `batch` rows of up to `capacity` tokens each, all allocated at once;
+// owned by the caller; used with that module only.
+class KvCache {
+public:
+    ~KvCache();
+    KvCache(KvCache &&) noexcept;
+    KvCache &operator=(KvCache &&) noexcept;
+
+    int64_t batch() const;
+    int64_t capacity() const;
+    // Tokens cached in each batch row.
+    const std::vector<int64_t> &lengths() const;
+    // Forgets every row's tokens; or all but the first `length` of each row.
+    void reset();
+    void truncate(int64_t length);
+
+private:
+    friend class MultiHeadAttention;
+    explicit KvCache(std::unique_ptr<detail::KvCacheStorage> storage);
+    std::unique_ptr<detail::KvCacheStorage> storage_;
+};
 
 class MultiHeadAttention {
 public:
@@ -91,6 +116,21 @@ public:
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
+
+    // A cache for decode steps of this (CPU) module: `batch` rows of up to `capacity` tokens.
+    KvCache make_cache(int64_t batch, int64_t capacity) const;
+
+    // One decode step of self-attention (query = key = value). `tokens` [B, n, E] are appended
+    // to `cache`: row b appends the first new_tokens[b] of its n (all n when `new_tokens` is
+    // empty; the others are padding). Writes the new tokens' outputs [B, n, E]: each attends
+    // over its row's cached tokens and the new tokens up to itself, which is what forward()
+    // over the whole sequence with a causal mask computes for them; padding tokens get 0.
+    // `key_padding`, [B, capacity] bytes in its convention, hides cache positions from every
+    // new token. A step that would exceed a row's capacity raises mha::Error and leaves the
+    // cache as it was. Allocates nothing once a first step with as many new tokens ran.
+    void decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
+                const std::optional<Mask> &key_padding = std::nullopt,
+                const std::vector<int64_t> &new_tokens = {}) const;
 
     // The name of the kernel forward() runs for these arguments (see linked_kernels()); the
     // arguments are checked as forward() checks them.
@@ -120,6 +160,7 @@ std::string dispatched_isa();
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
     std::string name;  // e.g. mha_forward_cpu_avx512_small_masked_fused_weights
+    std::string op;    // forward | qkv_projection | decode
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs

@@ -1,0 +1,70 @@
+// Argument checks shared by the module's calls: each throws mha::Error naming the argument and
+// what is wrong with it, and allocates nothing unless it throws.
+#pragma once
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "mha/mha.h"
+
+namespace mha::detail {
+
+// Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
+inline constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
+
+template <typename Shape>
+std::string shape_string(const Shape &shape) {
+    return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// A tensor needs host data or, on a GPU module, a device handle.
+template <typename T>
+void check_data(const char *name, const TensorView<T> &t) {
+    if (t.data == nullptr && t.device_handle == 0) {
+        throw Error(fmt::format("{} has a null data pointer", name));
+    }
+}
+
+// `expected`: any container of extents (an std::array allocates nothing).
+template <typename T, typename Shape>
+void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected) {
+    if (!std::equal(t.shape.begin(), t.shape.end(), std::begin(expected), std::end(expected))) {
+        throw Error(fmt::format("{} has shape {} but must be {}", name, shape_string(t.shape),
+                                shape_string(expected)));
+    }
+    check_data(name, t);
+}
+
+// Checks rank, positive extents, a data pointer and the kernel's addressing limit.
+template <typename T>
+void check_view(const char *name, const TensorView<T> &t, size_t rank, const char *layout) {
+    if (t.shape.size() != rank) {
+        throw Error(fmt::format("{} has shape {} but must have {} dimensions {}", name,
+                                shape_string(t.shape), rank, layout));
+    }
+    int64_t bytes = sizeof(T);
+    for (size_t d = 0; d < rank; d++) {
+        if (t.shape[d] < 1) {
+            throw Error(fmt::format("{} has shape {}: dimension {} is {}, must be >= 1", name,
+                                    shape_string(t.shape), d, t.shape[d]));
+        }
+        if (t.shape[d] > kMaxBufferBytes / bytes) {
+            bytes = kMaxBufferBytes + 1;
+            break;
+        }
+        bytes *= t.shape[d];
+    }
+    if (bytes > kMaxBufferBytes) {
+        throw Error(fmt::format("{} has shape {}: more than the {} bytes a kernel addresses", name,
+                                shape_string(t.shape), kMaxBufferBytes));
+    }
+    check_data(name, t);
+}
+
+}  // namespace mha::detail

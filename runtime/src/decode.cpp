@@ -1,0 +1,219 @@
+// Decode steps over a KV cache: the new tokens' QKV projection (one kernel), their keys and
+// values appended to the cache, then their attention over the cache and the output projection
+// (a second kernel). Nothing is allocated once a step with as many new tokens has run.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+
+#include "buffers.h"
+#include "checks.h"
+#include "cpu_isa.h"
+#include "halide_calls.h"
+#include "kernel_table.h"
+#include "mha/mha.h"
+#include "packed_weights.h"
+
+namespace mha {
+namespace detail {
+
+// A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
+// values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile.
+struct KvCacheStorage {
+    KvCacheStorage(std::shared_ptr<const PackedWeights> module, int64_t batch, int64_t capacity,
+                   int64_t heads, int64_t head_dim)
+        : module(std::move(module)),
+          batch(batch),
+          capacity(capacity),
+          padded_capacity(contract::round_up(capacity, contract::kCacheKeyTile)),
+          heads(heads),
+          head_dim(head_dim),
+          keys(batch * heads * head_dim * padded_capacity, 0.0f),
+          values(keys.size(), 0.0f),
+          lengths(batch, 0),
+          cached_lengths(batch),
+          new_counts(batch) {}
+
+    std::shared_ptr<const PackedWeights> module;  // the weights it was made for
+    int64_t batch, capacity, padded_capacity, heads, head_dim;
+    std::vector<float> keys, values;
+    std::vector<int64_t> lengths;
+    // A step's scratch: the new tokens' projections [B, n, 3P], grown to the largest n seen;
+    // each row's cached and new token counts; the key-padding mask over the padded capacity.
+    std::vector<float> qkv_rows;
+    std::vector<int32_t> cached_lengths, new_counts;
+    std::vector<uint8_t> cache_mask;
+};
+
+namespace {
+
+// The kernel of a decode step's op on this process's CPU instruction set.
+const CompiledKernel &decode_kernel(const contract::KernelVariant &variant, int64_t token_rows) {
+    const CompiledKernel *kernel = find_kernel(cpu_kernels(), int(cpu_isa()), token_rows, variant);
+    if (kernel == nullptr) {
+        throw Error(fmt::format("internal error: the build has no {} kernel",
+                                contract::op_name(variant.op)));
+    }
+    return *kernel;
+}
+
+}  // namespace
+}  // namespace detail
+
+KvCache::KvCache(std::unique_ptr<detail::KvCacheStorage> storage) : storage_(std::move(storage)) {}
+KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache &&) noexcept = default;
+KvCache &KvCache::operator=(KvCache &&) noexcept = default;
+
+int64_t KvCache::batch() const { return storage_->batch; }
+int64_t KvCache::capacity() const { return storage_->capacity; }
+const std::vector<int64_t> &KvCache::lengths() const { return storage_->lengths; }
+void KvCache::reset() { truncate(0); }
+
+void KvCache::truncate(int64_t length) {
+    if (length < 0) {
+        throw Error(fmt::format("truncate to {} tokens: must be >= 0", length));
+    }
+    for (int64_t &l : storage_->lengths) {
+        l = std::min(l, length);
+    }
+}
+
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
+    if (device_ != Device::cpu) {
+        throw Error(fmt::format("decode steps run on the cpu; this module runs on the {}",
+                                contract::device_name(device_)));
+    }
+    if (batch < 1 || capacity < 1) {
+        throw Error(
+            fmt::format("a cache of batch {} and capacity {}: both must be >= 1", batch, capacity));
+    }
+    const int64_t padded = contract::round_up(capacity, contract::kCacheKeyTile);
+    if (padded > detail::kMaxBufferBytes / int64_t(sizeof(float)) / (batch * embed_dim_)) {
+        throw Error(
+            fmt::format("a cache of batch {} and capacity {} at embed_dim {} exceeds the {} "
+                        "bytes a kernel addresses",
+                        batch, capacity, embed_dim_, detail::kMaxBufferBytes));
+    }
+    return KvCache(
+        std::make_unique<detail::KvCacheStorage>(packed_, batch, capacity, num_heads_, head_dim()));
+}
+
+void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
+                                const std::optional<Mask> &key_padding,
+                                const std::vector<int64_t> &new_tokens) const {
+    using contract::ArgId;
+    detail::KvCacheStorage &c = *cache.storage_;
+    if (c.module != packed_) {
+        throw Error("the cache was made by another module");
+    }
+    detail::check_view("tokens", tokens, 3, "[batch, new tokens, embed_dim]");
+    const int64_t B = tokens.shape[0], n = tokens.shape[1], E = embed_dim_;
+    const int64_t H = num_heads_, d = head_dim(), P = packed_->padded;
+    detail::check_tensor("tokens", tokens, std::array{c.batch, n, E});
+    detail::check_tensor("output", output, std::array{B, n, E});
+    if (!new_tokens.empty() && int64_t(new_tokens.size()) != B) {
+        throw Error(
+            fmt::format("new_tokens has {} counts for a batch of {}", new_tokens.size(), B));
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t count = new_tokens.empty() ? n : new_tokens[b];
+        if (count < 0 || count > n) {
+            throw Error(fmt::format("new_tokens[{}] is {}: must be 0 to {}", b, count, n));
+        }
+        if (c.lengths[b] + count > c.capacity) {
+            throw Error(
+                fmt::format("batch row {} holds {} tokens of its capacity {}: {} more do "
+                            "not fit",
+                            b, c.lengths[b], c.capacity, count));
+        }
+        c.cached_lengths[b] = int32_t(c.lengths[b]);
+        c.new_counts[b] = int32_t(count);
+    }
+    if (key_padding) {
+        detail::check_tensor("key_padding", key_padding->values, std::array{B, c.capacity});
+        c.cache_mask.resize(B * c.padded_capacity);
+        for (int64_t b = 0; b < B; b++) {
+            std::copy_n(key_padding->values.data + b * c.capacity, c.capacity,
+                        c.cache_mask.begin() + b * c.padded_capacity);
+        }
+    }
+    if (int64_t(c.qkv_rows.size()) < B * n * contract::kQkvProjections * P) {
+        c.qkv_rows.resize(B * n * contract::kQkvProjections * P);
+    }
+
+    // The new tokens' projections, q, k and v of each token side by side.
+    detail::CallContext context;
+    detail::ArgValues values{};
+    detail::HostBuffer token_buffer = detail::dense_buffer(tokens);
+    const int64_t width = contract::kQkvProjections * P;
+    detail::HostBuffer qkv = detail::view_buffer(c.qkv_rows.data(), halide_type_of<float>(),
+                                                 {B, n, width}, {n * width, width, 1});
+    values[size_t(ArgId::query)] = token_buffer.raw_buffer();
+    values[size_t(ArgId::qkv_rows)] = qkv.raw_buffer();
+    values[size_t(ArgId::new_qkv)] = qkv.raw_buffer();
+    for (size_t id = 0; id < contract::kArgCount; id++) {
+        if (packed_->buffers[id]) {
+            values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
+        }
+    }
+    const contract::KernelVariant projection{contract::KernelOp::qkv_projection, false, false,
+                                             true};
+    detail::call_kernel(detail::decode_kernel(projection, B * n), context, values);
+
+    // Their keys and values, appended to each row.
+    const int64_t cap = c.padded_capacity;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < c.new_counts[b]; t++) {
+            const float *row = c.qkv_rows.data() + (b * n + t) * width;
+            const int64_t j = c.lengths[b] + t;
+            for (int64_t h = 0; h < H; h++) {
+                for (int64_t f = 0; f < d; f++) {
+                    const int64_t feature = h * d + f;
+                    c.keys[((b * H + h) * d + f) * cap + j] =
+                        row[contract::qkv_block_offset(1, P) + feature];
+                    c.values[((b * H + h) * cap + j) * d + f] =
+                        row[contract::qkv_block_offset(2, P) + feature];
+                }
+            }
+        }
+        longest = std::max(longest, c.lengths[b] + c.new_counts[b]);
+    }
+
+    // Attention over the cache, read up to the longest row in whole key tiles.
+    const int64_t keys = std::max<int64_t>(contract::kCacheKeyTile,
+                                           contract::round_up(longest, contract::kCacheKeyTile));
+    detail::HostBuffer key_cache = detail::view_buffer(
+        c.keys.data(), halide_type_of<float>(), {B, H, d, keys}, {H * d * cap, d * cap, cap, 1});
+    detail::HostBuffer value_cache = detail::view_buffer(
+        c.values.data(), halide_type_of<float>(), {B, H, keys, d}, {H * cap * d, cap * d, d, 1});
+    detail::HostBuffer cached =
+        detail::view_buffer(c.cached_lengths.data(), halide_type_of<int32_t>(), {B}, {1});
+    detail::HostBuffer counts =
+        detail::view_buffer(c.new_counts.data(), halide_type_of<int32_t>(), {B}, {1});
+    detail::HostBuffer out = detail::dense_buffer(output);
+    detail::HostBuffer mask;
+    int32_t head_dim32 = int32_t(d);
+    int32_t blocks_nonzero = key_padding && key_padding->convention == MaskConvention::block;
+    values[size_t(ArgId::head_dim)] = &head_dim32;
+    values[size_t(ArgId::key_cache)] = key_cache.raw_buffer();
+    values[size_t(ArgId::value_cache)] = value_cache.raw_buffer();
+    values[size_t(ArgId::cached_lengths)] = cached.raw_buffer();
+    values[size_t(ArgId::new_counts)] = counts.raw_buffer();
+    values[size_t(ArgId::output)] = out.raw_buffer();
+    if (key_padding) {
+        mask = detail::view_buffer(c.cache_mask.data(), halide_type_of<uint8_t>(), {B, keys},
+                                   {cap, 1});
+        values[size_t(ArgId::cache_mask)] = mask.raw_buffer();
+        values[size_t(ArgId::mask_blocks_nonzero)] = &blocks_nonzero;
+    }
+    const contract::KernelVariant attention{contract::KernelOp::decode, key_padding.has_value(),
+                                            false, true};
+    detail::call_kernel(detail::decode_kernel(attention, B * n), context, values);
+    for (int64_t b = 0; b < B; b++) {
+        c.lengths[b] += c.new_counts[b];
+    }
+}
+
+}  // namespace mha

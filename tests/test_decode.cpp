@@ -1,0 +1,234 @@
+// Decode steps over a KV cache against the double-precision reference of the whole sequence so
+// far with a causal mask: every step, every batch row.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "allocation_counter.h"
+#include "reference.h"
+#include "scratch_pool.h"
+#include "test_seed.h"
+
+namespace {
+
+using mha::reference::Dims;
+using mha::reference::Problem;
+
+constexpr double kTolerance = 1e-5;
+
+std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> x(count * E);
+    for (float &v : x) {
+        v = u(rng);
+    }
+    return x;
+}
+
+// A batch of sequences decoded step by step, each step checked against the reference.
+class Decoder {
+public:
+    Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity)
+        : E_(embed_dim),
+          H_(heads),
+          weights_(mha::reference::random_problem({1, 1, 1, embed_dim, heads},
+                                                  mha::testing::next_seed())),
+          module_(mha::reference::make_module(weights_)),
+          cache_(module_.make_cache(batch, capacity)),
+          sequences_(batch) {}
+
+    const mha::MultiHeadAttention &module() const { return module_; }
+    mha::KvCache &cache() { return cache_; }
+
+    // One step: row b appends counts[b] new tokens (of n = the largest count); each row's new
+    // outputs must match the reference, and padding outputs must be 0. `hidden`, when given,
+    // is a key-padding mask [B, capacity] in the keep convention (0 = hidden).
+    void step(const std::vector<int64_t> &counts, const std::vector<uint8_t> &keep = {}) {
+        const int64_t B = int64_t(sequences_.size());
+        const int64_t n = *std::max_element(counts.begin(), counts.end());
+        std::vector<float> tokens(B * n * E_, 0.0f), output(B * n * E_, NAN);
+        for (int64_t b = 0; b < B; b++) {
+            const std::vector<float> x = random_tokens(counts[b], E_, mha::testing::next_seed());
+            std::copy(x.begin(), x.end(), tokens.begin() + b * n * E_);
+            sequences_[b].insert(sequences_[b].end(), x.begin(), x.end());
+        }
+        std::optional<mha::Mask> mask;
+        if (!keep.empty()) {
+            mask = mha::Mask{{keep.data(), {B, cache_.capacity()}}, mha::MaskConvention::keep};
+        }
+        module_.decode({tokens.data(), {B, n, E_}}, cache_, {output.data(), {B, n, E_}}, mask,
+                       counts);
+        for (int64_t b = 0; b < B; b++) {
+            SCOPED_TRACE(::testing::Message() << "batch row " << b);
+            ASSERT_EQ(cache_.lengths()[b], int64_t(sequences_[b].size()) / E_);
+            expect_row(b, counts[b], n, output, keep);
+        }
+    }
+
+    // Forgets all but the first `length` tokens of every row, in the cache and here.
+    void truncate(int64_t length) {
+        cache_.truncate(length);
+        for (std::vector<float> &s : sequences_) {
+            s.resize(std::min<size_t>(s.size(), length * E_));
+        }
+    }
+
+private:
+    void expect_row(int64_t b, int64_t count, int64_t n, const std::vector<float> &output,
+                    const std::vector<uint8_t> &keep) {
+        const int64_t T = int64_t(sequences_[b].size()) / E_;
+        for (int64_t t = count; t < n; t++) {
+            for (int64_t e = 0; e < E_; e++) {
+                ASSERT_EQ(output[(b * n + t) * E_ + e], 0.0f) << "padding token " << t;
+            }
+        }
+        if (count == 0) {
+            return;
+        }
+        // The whole sequence so far, causally masked (and key-padded).
+        Problem p = weights_;
+        p.dims = {1, T, T, E_, H_};
+        p.self_attention = true;
+        p.query = p.key = p.value = sequences_[b];
+        p.mask_convention = mha::MaskConvention::keep;
+        p.mask_shape = {T, T};
+        p.mask.assign(T * T, 0);
+        for (int64_t i = 0; i < T; i++) {
+            for (int64_t j = 0; j <= i; j++) {
+                p.mask[i * T + j] = keep.empty() || keep[b * cache_.capacity() + j] != 0;
+            }
+        }
+        const std::vector<double> want = mha::reference::forward(p).output;
+        const std::vector<double> last(want.end() - count * E_, want.end());
+        const std::vector<float> got(output.begin() + b * n * E_,
+                                     output.begin() + (b * n + count) * E_);
+        EXPECT_LT(mha::reference::relative_l2(got, last), kTolerance) << T << " tokens";
+    }
+
+    int64_t E_, H_;
+    Problem weights_;
+    mha::MultiHeadAttention module_;
+    mha::KvCache cache_;
+    std::vector<std::vector<float>> sequences_;  // every row's tokens so far
+};
+
+struct DecodeCase {
+    const char *name;
+    int64_t embed_dim, heads, capacity;
+    std::vector<int64_t> prompt;  // per batch row
+};
+const DecodeCase kDecodeCases[] = {
+    {"one_row_head_dim_4", 12, 3, 11, {4}},
+    {"rows_of_different_lengths", 30, 5, 17, {1, 6, 3}},
+    {"one_head_d_20", 20, 1, 11, {2, 5}},
+    {"head_dim_1", 7, 7, 13, {3, 1}},
+    {"several_key_tiles", 16, 2, 151, {67, 130}},
+    {"seed_width", 512, 8, 23, {5, 5}},
+};
+
+class DecodeSteps : public ::testing::TestWithParam<DecodeCase> {};
+
+TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
+    const DecodeCase &c = GetParam();
+    Decoder decoder(int64_t(c.prompt.size()), c.embed_dim, c.heads, c.capacity);
+    decoder.step(c.prompt);  // a prompt chunk, rows of different lengths
+    for (int step = 0; step < 4; step++) {
+        decoder.step(std::vector<int64_t>(c.prompt.size(), 1));
+    }
+    decoder.step(std::vector<int64_t>(c.prompt.size(), 2));  // a chunk of two
+}
+
+TEST_P(DecodeSteps, KeyPaddingHidesCachePositions) {
+    const DecodeCase &c = GetParam();
+    const int64_t B = int64_t(c.prompt.size());
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity);
+    std::vector<uint8_t> keep(B * c.capacity);
+    std::mt19937_64 rng(mha::testing::next_seed());
+    for (uint8_t &k : keep) {
+        k = rng() % 4 != 0;
+    }
+    decoder.step(c.prompt, keep);
+    decoder.step(std::vector<int64_t>(B, 1), keep);
+}
+
+TEST_P(DecodeSteps, TruncateAndResetStartOver) {
+    const DecodeCase &c = GetParam();
+    const int64_t B = int64_t(c.prompt.size());
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity);
+    decoder.step(c.prompt);
+    decoder.step(std::vector<int64_t>(B, 1));
+    decoder.truncate(1);
+    decoder.step(std::vector<int64_t>(B, 1));
+    decoder.truncate(0);
+    decoder.step(std::vector<int64_t>(B, 2));
+}
+
+INSTANTIATE_TEST_SUITE_P(Awkward, DecodeSteps, ::testing::ValuesIn(kDecodeCases),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+TEST(DecodeCapacity, AStepThatDoesNotFitChangesNothing) {
+    Decoder decoder(2, 12, 3, 5);
+    decoder.step({3, 2});
+    std::vector<float> tokens(2 * 3 * 12, 0.5f), output(2 * 3 * 12);
+    try {
+        decoder.module().decode({tokens.data(), {2, 3, 12}}, decoder.cache(),
+                                {output.data(), {2, 3, 12}});
+        FAIL() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "batch row 0 holds 3 tokens of its capacity 5: 3 more do not fit");
+    }
+    EXPECT_EQ(decoder.cache().lengths(), (std::vector<int64_t>{3, 2}));
+    decoder.step({2, 3});  // still usable, and exactly full
+    EXPECT_EQ(decoder.cache().lengths(), (std::vector<int64_t>{5, 5}));
+}
+
+TEST(DecodeErrors, BadArgumentsNameThemselves) {
+    Decoder decoder(2, 12, 3, 8);
+    std::vector<float> tokens(2 * 1 * 12), output(2 * 1 * 12);
+    const auto expect_error = [&](const mha::Tensor &t, const mha::MutableTensor &o,
+                                  const std::vector<int64_t> &counts, const char *message) {
+        try {
+            decoder.module().decode(t, decoder.cache(), o, std::nullopt, counts);
+            ADD_FAILURE() << "no error; expected " << message;
+        } catch (const mha::Error &e) {
+            EXPECT_STREQ(e.what(), message);
+        }
+    };
+    expect_error({tokens.data(), {3, 1, 12}}, {output.data(), {3, 1, 12}}, {},
+                 "tokens has shape [3, 1, 12] but must be [2, 1, 12]");
+    expect_error({tokens.data(), {2, 1, 12}}, {output.data(), {2, 2, 12}}, {},
+                 "output has shape [2, 2, 12] but must be [2, 1, 12]");
+    expect_error({tokens.data(), {2, 1, 12}}, {output.data(), {2, 1, 12}}, {1},
+                 "new_tokens has 1 counts for a batch of 2");
+    expect_error({tokens.data(), {2, 1, 12}}, {output.data(), {2, 1, 12}}, {1, 2},
+                 "new_tokens[1] is 2: must be 0 to 1");
+    const auto other = mha::reference::make_module(
+        mha::reference::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed()));
+    try {
+        other.decode({tokens.data(), {2, 1, 12}}, decoder.cache(), {output.data(), {2, 1, 12}});
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "the cache was made by another module");
+    }
+}
+
+// Once a step with as many new tokens has run, a step allocates nothing: no heap allocation by
+// the library, and no new block for Halide's buffers.
+TEST(DecodeAllocations, AStepAllocatesNothing) {
+    Decoder decoder(2, 64, 4, 40);
+    decoder.step({7, 3});
+    decoder.step({1, 1});  // warm: one-token steps have run once
+    std::vector<float> tokens(2 * 64, 0.25f), output(2 * 64);
+    const mha::Tensor token_view{tokens.data(), {2, 1, 64}};
+    const mha::MutableTensor output_view{output.data(), {2, 1, 64}};
+    const size_t blocks = mha::detail::scratch_blocks_allocated();
+    mha::testing::start_counting_allocations();
+    decoder.module().decode(token_view, decoder.cache(), output_view);
+    EXPECT_EQ(mha::testing::stop_counting_allocations(), 0u);
+    EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
+}
+
+}  // namespace

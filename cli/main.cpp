@@ -31,6 +31,7 @@ struct Options {
     int repeats = 50;
     uint64_t seed = 2024;
     bool list_kernels = false;
+    bool decode = false;
 };
 
 // The command line; nullopt when the program should exit with `exit_code`.
@@ -89,6 +90,9 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
         ->capture_default_str();
     app.add_flag("--list-kernels", o.list_kernels,
                  "list the kernels this program links and what each takes, then exit");
+    app.add_flag("--decode", o.decode,
+                 "time a decode step instead: one new token per batch row against a KV cache "
+                 "already holding --key-len tokens");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         exit_code = *code;
         return std::nullopt;
@@ -144,6 +148,20 @@ void print_dimension_flow(const Dims &d) {
     line("output", shape({B, Sq, E}));
 }
 
+// The median time of `repeats` calls of `call`, in milliseconds.
+template <typename Call>
+double median_ms(int repeats, Call &&call) {
+    std::vector<double> ms(repeats);
+    for (double &t : ms) {
+        const auto start = std::chrono::steady_clock::now();
+        call();
+        t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    return ms[ms.size() / 2];
+}
+
 int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given;
@@ -197,17 +215,64 @@ int run(const Options &o) {
         }
     }
 
-    std::vector<double> ms(o.repeats);
-    for (double &t : ms) {
-        const auto start = std::chrono::steady_clock::now();
-        forward();
-        t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                .count();
-    }
-    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-    const double median = ms[ms.size() / 2];
+    const double median = median_ms(o.repeats, forward);
     fmt::print("forward pass: median {:.4f} ms over {} runs, {:.1f} GFLOP/s\n", median, o.repeats,
                d.forward_flops() / (median * 1e6));
+    return 0;
+}
+
+// A decode step: B rows, each appending one token to a cache that holds N = --key-len tokens.
+// The reference is the new token attending over all N + 1 tokens, which is what the causal
+// self-attention of the whole sequence gives the last token.
+int run_decode(const Options &o) {
+    const Dims &d = o.dims;
+    const int64_t B = d.batch, N = d.key_len, E = d.embed_dim, H = d.num_heads, hd = d.head_dim();
+    mha::reference::Problem problem =
+        mha::reference::random_problem({B, 1, N + 1, E, d.num_heads}, o.seed);
+    const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
+    mha::KvCache cache = module.make_cache(B, N + 1);
+    // The sequences are problem.key (= problem.value): the first N tokens of each row fill the
+    // cache, the last one is the new token (problem.query is made the same token).
+    std::vector<float> prompt(B * N * E), token(B * E), output(B * E);
+    for (int64_t b = 0; b < B; b++) {
+        const float *row = problem.key.data() + b * (N + 1) * E;
+        std::copy(row, row + N * E, prompt.begin() + b * N * E);
+        std::copy(row + N * E, row + (N + 1) * E, token.begin() + b * E);
+    }
+    problem.value = problem.key;
+    problem.query = token;
+    std::vector<float> prompt_output(B * N * E);
+    module.decode({prompt.data(), {B, N, E}}, cache, {prompt_output.data(), {B, N, E}});
+    const auto step = [&] {
+        cache.truncate(N);
+        module.decode({token.data(), {B, 1, E}}, cache, {output.data(), {B, 1, E}});
+    };
+
+    fmt::print(
+        "mha: decode step, batch {}, 1 new token per row over {} cached, embed_dim {}, "
+        "{} heads of {}\n",
+        B, N, E, H, hd);
+    fmt::print("dimension flow:\n     {:<22} {}\n", "new tokens", shape({B, 1, E}));
+    const auto line = [](const char *stage, const std::string &s) {
+        fmt::print("  -> {:<22} {}\n", stage, s);
+    };
+    line("projected Q/K/V", shape({B, 1, E}));
+    line("K/V cache, appended", shape({B, H, N + 1, hd}));
+    line("scores", shape({B, H, 1, N + 1}));
+    line("per-head context", shape({B, H, 1, hd}));
+    line("output", shape({B, 1, E}));
+    step();
+    if (o.check) {
+        const mha::reference::Result want = mha::reference::forward(problem);
+        fmt::print(
+            "error against the double-precision reference (max |error| / max |reference|):\n");
+        fmt::print("  output  {:.2e}  (relative L2 {:.2e})\n",
+                   mha::reference::max_relative_error(output, want.output),
+                   mha::reference::relative_l2(output, want.output));
+    }
+    const double median = median_ms(o.repeats, step);
+    fmt::print("forward pass: median {:.4f} ms over {} runs, {:.0f} tokens/s\n", median, o.repeats,
+               B / (median * 1e-3));
     return 0;
 }
 
@@ -220,7 +285,10 @@ int main(int argc, char **argv) {
         return exit_code;
     }
     try {
-        return options->list_kernels ? list_kernels() : run(*options);
+        if (options->list_kernels) {
+            return list_kernels();
+        }
+        return options->decode ? run_decode(*options) : run(*options);
     } catch (const std::exception &e) {
         fmt::print(stderr, "mha: error: {}\n", e.what());
         return 1;

@@ -405,15 +405,18 @@ inline constexpr int kQkvProjections = 3;
 
 // --- The benchmark sweep ------------------------------------------------------------------
 
-// (B, Sq, Sk, E, H): the seed example, self-attention from 128 to 2048 tokens, cross-attention,
-// and one query against a long context. Sq = Sk is run as self-attention on one tensor (the
+// (B, Sq, Sk, E, H): the seed example, one token (E = 384 and 768), a batch of short
+// sequences, self-attention from 128 to 2048 tokens, cross-attention, and one query against a
+// long context. Sq = Sk is run as self-attention on one tensor (the
 // fused QKV kernels). The CPU benchmarks, the GPU benchmark and mha-tune's verification and
 // comparison all take their shapes from here.
 inline constexpr std::array kBenchmarkSweep = {
-    ProblemShape{2, 5, 5, 512, 8},         ProblemShape{1, 128, 128, 512, 8},
-    ProblemShape{4, 256, 256, 512, 8},     ProblemShape{1, 512, 512, 768, 12},
-    ProblemShape{1, 1024, 1024, 1024, 16}, ProblemShape{1, 2048, 2048, 512, 8},
-    ProblemShape{1, 64, 2048, 512, 8},     ProblemShape{1, 1, 4096, 512, 8},
+    ProblemShape{2, 5, 5, 512, 8},       ProblemShape{1, 1, 1, 384, 12},
+    ProblemShape{1, 1, 1, 768, 12},      ProblemShape{8, 32, 32, 384, 12},
+    ProblemShape{1, 128, 128, 512, 8},   ProblemShape{4, 256, 256, 512, 8},
+    ProblemShape{1, 512, 512, 768, 12},  ProblemShape{1, 1024, 1024, 1024, 16},
+    ProblemShape{1, 2048, 2048, 512, 8}, ProblemShape{1, 64, 2048, 512, 8},
+    ProblemShape{1, 1, 4096, 512, 8},
 };
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {

@@ -30,9 +30,12 @@ struct ScheduleParams {
     int pv_rows = 4;
     // 1: normalized softmax weights are computed per tile; 0: folded into weights·V.
     int materialize_weights = 1;
+    // 1: loops over tiles, heads and batch rows run on every core; 0: the whole call on one
+    // (waking the other cores costs microseconds, more than the smallest calls' work).
+    int parallel = 1;
 
     using Field = int ScheduleParams::*;
-    static constexpr std::array<std::pair<std::string_view, Field>, 10> kTunables = {{
+    static constexpr std::array<std::pair<std::string_view, Field>, 11> kTunables = {{
         {"proj_vectors", &ScheduleParams::proj_vectors},
         {"proj_rows", &ScheduleParams::proj_rows},
         {"proj_block_tiles", &ScheduleParams::proj_block_tiles},
@@ -43,6 +46,7 @@ struct ScheduleParams {
         {"pv_vectors", &ScheduleParams::pv_vectors},
         {"pv_rows", &ScheduleParams::pv_rows},
         {"materialize_weights", &ScheduleParams::materialize_weights},
+        {"parallel", &ScheduleParams::parallel},
     }};
 
     // The hand-written defaults for an instruction set.
@@ -115,12 +119,10 @@ struct ScheduleParams {
     // Why these parameters cannot build a correct pipeline; empty when they can.
     std::string invalid_because() const {
         for (const auto &[name, f] : kTunables) {
-            if (this->*f < (name == "materialize_weights" ? 0 : 1)) {
-                return std::string(name) + " must be positive";
+            const bool flag = name == "materialize_weights" || name == "parallel";
+            if (this->*f < (flag ? 0 : 1) || (flag && this->*f > 1)) {
+                return std::string(name) + (flag ? " must be 0 or 1" : " must be positive");
             }
-        }
-        if (materialize_weights > 1) {
-            return "materialize_weights must be 0 or 1";
         }
         const int max_tile = contract::kMaxTile;
         if (max_tile % (vector_lanes * proj_vectors) != 0 ||

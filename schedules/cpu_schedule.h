@@ -16,6 +16,15 @@
 
 namespace mha::cpu {
 
+// Runs loop `var` of `stage` on the thread pool, unless the parameters keep the whole call on
+// one core (for calls so small that waking the other cores costs more than they save).
+inline void fork_over_cores(Halide::Stage stage, const Halide::VarOrRVar &var,
+                            const ScheduleParams &sp) {
+    if (sp.parallel) {
+        stage.parallel(var);
+    }
+}
+
 // An accumulator computed whole inside one register tile at `at`: both definitions vectorized
 // along `cols` and unrolled along `rows`, the update's reduction `k` outside the tile.
 inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at,
@@ -49,10 +58,10 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
         .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)
         .reorder(ei, ri, ro, eo, rb)
         .fuse(eo, rb, t)
-        .parallel(t)
         .vectorize(ei, sp.vector_lanes)
         .unroll(ei)
         .unroll(ri);
+    fork_over_cores(tiles, t, sp);
     schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, p.k.x, sp.vector_lanes);
     return tiles;
 }
@@ -119,8 +128,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     Var ro_copy("ro_copy"), ri_copy("ri_copy");
     f.out_proj.rows.compute_root()
         .split(v.r, ro_copy, ri_copy, sp.proj_rows, whole)
-        .parallel(ro_copy)
         .vectorize(v.e, vec, guard);
+    fork_over_cores(f.out_proj.rows, ro_copy, sp);
     // With d known, each vector of the copy is a dense load from one head.
     for (int head_dim : {64, 128}) {
         f.out_proj.rows.specialize(f.head_dim == head_dim);
@@ -137,16 +146,16 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         .split(v.s, so, si, vec, whole)
         .reorder(si, v.c, so, v.h, v.b)
         .fuse(v.h, v.b, hb)
-        .parallel(hb)
         .vectorize(si);
+    fork_over_cores(f.k_heads, hb, sp);
 
     // V is copied head-major, so weights·V streams each head's values contiguously instead of
     // striding across the projection's rows (page-sized strides defeat the prefetchers).
     f.v_heads.compute_root()
         .split(v.c, co_copy, ci_copy, vec, whole)
         .fuse(v.h, v.b, hb_copy)
-        .parallel(hb_copy)
         .vectorize(ci_copy);
+    fork_over_cores(f.v_heads, hb_copy, sp);
 
     // weights·V: a wrapper over (feature, query) tiles, accumulating in registers.
     Func context_tiles = f.context.result.in();
@@ -164,12 +173,12 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         .split(v.c, co, ci, pv_cols, whole)
         .split(ii, pio, pii, sp.pv_rows, whole)
         .reorder(ci, pii, co, pio, iot, iop, v.h, v.b)
-        .parallel(iop)
-        .parallel(v.h)
-        .parallel(v.b)
         .vectorize(ci, vec)
         .unroll(ci)
         .unroll(pii);
+    for (const Var &task : {iop, v.h, v.b}) {
+        fork_over_cores(context_tiles, task, sp);
+    }
     schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i, f.context.j.x,
                            vec);
 
@@ -184,10 +193,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
             .split(v.i, wo, wi, sp.attention_rows, guard)
             .split(wo, wp, wot, tiles_per_task, guard)
             .reorder(v.j, wi, wot, wp, v.h, v.b)
-            .parallel(wp)
-            .parallel(v.h)
-            .parallel(v.b)
             .vectorize(v.j, vec, guard);
+        for (const Var &task : {wp, v.h, v.b}) {
+            fork_over_cores(sm.weights, task, sp);
+        }
         tile_owner = sm.weights;
         tile_loop = wot;
         task_loop = wp;
@@ -227,11 +236,9 @@ inline void schedule_decode(DecodeStages &f, const ScheduleParams &sp) {
 
     // Heads and batch rows are separate parallel loops (see schedule_forward).
     Func context_tiles = f.context.result.in();
-    context_tiles.compute_root()
-        .reorder(v.c, v.i, v.h, v.b)
-        .parallel(v.h)
-        .parallel(v.b)
-        .vectorize(v.c, vec, guard);
+    context_tiles.compute_root().reorder(v.c, v.i, v.h, v.b).vectorize(v.c, vec, guard);
+    fork_over_cores(context_tiles, v.h, sp);
+    fork_over_cores(context_tiles, v.b, sp);
     f.context.result.compute_at(context_tiles, v.i).vectorize(v.c, vec, guard);
     f.context.result.update().reorder(v.c, f.context.j.x).vectorize(v.c, vec, guard);
     MaskedSoftmax &sm = f.softmax;
@@ -247,8 +254,8 @@ inline void schedule_output_copy(const StageVars &v, Halide::Func output,
     output.compute_root()
         .split(v.s, so, si, sp.proj_rows, TailStrategy::GuardWithIf)
         .fuse(so, v.b, t)
-        .parallel(t)
         .vectorize(v.e, sp.vector_lanes, TailStrategy::GuardWithIf);
+    fork_over_cores(output, t, sp);
 }
 
 }  // namespace mha::cpu

@@ -21,7 +21,8 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
                {"qk_rows", {1, 2, 3, 4, 6, 8, 12}},
                {"pv_vectors", vectors},
                {"pv_rows", {1, 2, 3, 4, 6, 8, 12}},
-               {"materialize_weights", {0, 1}}};
+               {"materialize_weights", {0, 1}},
+               {"parallel", {0, 1}}};
 }
 
 bool SearchSpace::plausible(const cpu::ScheduleParams &p) const {

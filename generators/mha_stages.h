@@ -38,12 +38,16 @@ inline Halide::Func token_rows(const StageVars &v, const Halide::Func &x,
     return rows;
 }
 
-// The inverse view: (e, s, b) of a function of token rows.
+// The inverse view: (e, s, b) of a function of token rows. Positions past the end read the last
+// token, as token_rows does, but here, so that a consumer computed in whole tiles of positions
+// (a key tile, a query tile) asks the projection for the real rows only: one token's call then
+// projects one row, not a tile's worth.
 inline Halide::Func token_view(const StageVars &v, const Halide::Func &rows,
                                const Halide::Expr &seq_len, const Halide::Expr &feature_offset,
                                const std::string &name) {
     Halide::Func x(name);
-    x(v.e, v.s, v.b) = rows(v.e + feature_offset, v.s + v.b * seq_len);
+    x(v.e, v.s, v.b) =
+        rows(v.e + feature_offset, Halide::clamp(v.s, 0, seq_len - 1) + v.b * seq_len);
     return x;
 }
 

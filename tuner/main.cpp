@@ -65,8 +65,8 @@ int main(int argc, char **argv) {
         ->check(mha::tools::positive_integer())
         ->type_name("N");
     app.add_flag(
-        "--verify-on-tuning-shape-only", [&](int64_t) { tune.verify_on_sweep = false; },
-        "verify a winner on its tuning shape only, not on the bucket's sweep shapes");
+        "--tuning-shape-only", [&](int64_t) { tune.sweep_shapes = false; },
+        "time candidates on the tuning shape only, not on the bucket's sweep shapes too");
     app.add_option("--db", database,
                    "tuning database (default schedules/tuned/<isa>.records.jsonl)")
         ->type_name("FILE");

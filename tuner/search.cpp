@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <thread>
@@ -41,60 +42,138 @@ std::string utc_date() {
     return text;
 }
 
-// `params` compiled, checked against the reference and timed against `baseline` on `work`.
-Measurement measure(const std::string &role, contract::ShapeBucket bucket,
-                    const contract::CpuIsa &isa, const ScheduleParams &params,
-                    const Candidate &baseline, Workload &work, int rounds) {
-    const ProblemShape &shape = work.problem.dims;
-    Measurement m{role, bucket, shape, params, std::nullopt, "", 0};
-    try {
-        const Candidate candidate(isa, shape, params.to_string());
-        const double error = check_error(candidate, shape);
-        if (!(error < 1e-5)) {
-            m.failure = fmt::format("wrong answer: relative L2 {:.2e}", error);
-        } else if (!(m.result = compare_interleaved(baseline, candidate, work, rounds))) {
+// A bucket's shapes, its workloads and the defaults compiled for them: what every candidate is
+// timed on. The tuning shape comes first; then, unless told otherwise, every shape of the
+// benchmark sweep in the bucket (one shape does not speak for a bucket).
+class BucketBench {
+public:
+    BucketBench(const TuneOptions &o, const BucketSpec &spec)
+        : isa_(*o.isa),
+          bucket_(spec.bucket),
+          rounds_(o.rounds),
+          defaults_(ScheduleParams::defaults(*o.isa)) {
+        shapes_.push_back(o.tuning_shape.value_or(spec.tuning_shape));
+        for (const ProblemShape &s : contract::kBenchmarkSweep) {
+            if (o.sweep_shapes && contract::shape_bucket(s.token_rows()) == spec.bucket &&
+                !(s == shapes_.front())) {
+                shapes_.push_back(s);
+            }
+        }
+        for (const ProblemShape &s : shapes_) {
+            works_.emplace_back(s, o.seed);
+            if (baselines_.count(fused(s)) == 0) {
+                baselines_.emplace(fused(s), Candidate(isa_, s, defaults_.to_string()));
+            }
+        }
+    }
+
+    const std::vector<ProblemShape> &shapes() const { return shapes_; }
+    const ScheduleParams &defaults() const { return defaults_; }
+
+    // The timing noise on the tuning shape (the defaults against themselves).
+    double noise() { return measure_noise(baselines_.at(fused(shapes_[0])), works_[0], rounds_); }
+
+    // `params` on every shape, each against the defaults: earlier measurements of the same
+    // thing from the database, the others compiled (once per QKV form), checked against the
+    // reference and timed now, and recorded as they are made. The gain is the geometric mean
+    // over the shapes, 0 when one failed.
+    struct Result {
+        std::vector<Measurement> shapes;
+        double gain = 0;
+        bool resumed = true;  // every shape came from the database
+        std::string failure;
+    };
+    Result measure(TuningDb &db, const std::string &role, const ScheduleParams &params) {
+        Result r;
+        std::map<bool, std::optional<Candidate>> compiled;
+        double log_gain = 0;
+        for (size_t i = 0; i < shapes_.size(); i++) {
+            const ProblemShape &s = shapes_[i];
+            std::optional<Measurement> m = db.earlier(role, bucket_, s, params);
+            if (!m) {
+                r.resumed = false;
+                m = measure_now(role, params, i, compiled[fused(s)]);
+                db.append(*m);
+            }
+            if (!m->result && r.failure.empty()) {
+                r.failure = m->failure;
+            }
+            log_gain += m->result ? std::log(m->result->gain) : -INFINITY;
+            r.shapes.push_back(*m);
+        }
+        r.gain = r.failure.empty() ? std::exp(log_gain / double(shapes_.size())) : 0;
+        return r;
+    }
+
+private:
+    static bool fused(const ProblemShape &s) { return s.query_len == s.key_len; }
+
+    Measurement measure_now(const std::string &role, const ScheduleParams &params, size_t i,
+                            std::optional<Candidate> &candidate) {
+        const ProblemShape &s = shapes_[i];
+        Measurement m{role, bucket_, s, params, std::nullopt, "", 0};
+        if (!candidate) {
+            try {
+                candidate.emplace(isa_, s, params.to_string());
+            } catch (const std::exception &e) {
+                m.failure = fmt::format("does not compile: {}", e.what());
+                return m;
+            }
+            const double error = check_error(*candidate, s);
+            if (!(error < 1e-5)) {
+                candidate.reset();
+                m.failure = fmt::format("wrong answer: relative L2 {:.2e}", error);
+                return m;
+            }
+        }
+        m.result = compare_interleaved(baselines_.at(fused(s)), *candidate, works_[i], rounds_);
+        if (!m.result) {
             m.failure = "a call failed";
         }
-    } catch (const std::exception &e) {
-        m.failure = fmt::format("does not compile: {}", e.what());
+        return m;
     }
-    return m;
-}
 
-// An earlier run's measurement of the same thing, or a new one, recorded as it is made.
-Measurement measure_once(TuningDb &db, const std::string &role, contract::ShapeBucket bucket,
-                         const contract::CpuIsa &isa, const ScheduleParams &params,
-                         const Candidate &baseline, Workload &work, int rounds, bool &resumed) {
-    if (std::optional<Measurement> earlier = db.earlier(role, bucket, work.problem.dims, params)) {
-        resumed = true;
-        return *earlier;
-    }
-    resumed = false;
-    Measurement m = measure(role, bucket, isa, params, baseline, work, rounds);
-    db.append(m);
-    return m;
-}
+    const contract::CpuIsa &isa_;
+    contract::ShapeBucket bucket_;
+    int rounds_;
+    ScheduleParams defaults_;
+    std::vector<ProblemShape> shapes_;
+    std::vector<Workload> works_;
+    std::map<bool, Candidate> baselines_;  // by QKV form
+};
 
 double gain_of(const Measurement &m) { return m.result ? m.result->gain : 0; }
+
+// The largest standard error among a result's shape gains.
+double largest_error(const BucketBench::Result &r) {
+    double e = 0;
+    for (const Measurement &m : r.shapes) {
+        e = std::max(e, m.result ? m.result->standard_error() : 0.0);
+    }
+    return e;
+}
 
 cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, TuningDb &db,
                              Clock::time_point deadline, const std::string &label) {
     const contract::CpuIsa &isa = *o.isa;
-    const ProblemShape shape = o.tuning_shape.value_or(spec.tuning_shape);
-    const ScheduleParams defaults = ScheduleParams::defaults(isa);
-    Workload work(shape, o.seed);
-    const Candidate baseline(isa, shape, defaults.to_string());
-    const double noise = measure_noise(baseline, work, o.rounds);
-    db.append(Measurement{"noise", spec.bucket, shape, defaults, std::nullopt, "", noise});
+    BucketBench bench(o, spec);
+    const ScheduleParams &defaults = bench.defaults();
+    const double noise = bench.noise();
+    db.append(
+        Measurement{"noise", spec.bucket, bench.shapes()[0], defaults, std::nullopt, "", noise});
+    std::string shape_list;
+    for (const ProblemShape &s : bench.shapes()) {
+        shape_list += (shape_list.empty() ? "" : ", ") + shape_text(s);
+    }
     fmt::print(stderr, "[{}] tuning on {}; timing noise of one comparison ±{:.1f}%\n", label,
-               shape_text(shape), 100 * noise);
+               shape_list, 100 * noise);
 
     // The search. Its random draws depend only on the seed and on the gains seen, and an
     // earlier run's gains come back from the database, so a resumed run retraces the earlier
     // one without measuring again, then goes on.
     const SearchSpace space(isa);
     std::mt19937_64 rng(o.seed * 1000003 + uint64_t(spec.bucket));
-    std::vector<Measurement> tried;
+    std::vector<std::pair<ScheduleParams, double>> tried;  // params, gain over the bucket
     std::set<std::string> seen = {defaults.to_string()};
     ScheduleParams best = defaults;
     double best_gain = 1;
@@ -111,14 +190,12 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
             since_improvement += random_phase ? 0 : 1;
             continue;
         }
-        bool resumed = false;
-        tried.push_back(
-            measure_once(db, "search", spec.bucket, isa, p, baseline, work, o.rounds, resumed));
-        resumed_count += resumed;
-        const Measurement &m = tried.back();
-        if (gain_of(m) > best_gain) {
+        const BucketBench::Result r = bench.measure(db, "search", p);
+        tried.push_back({p, r.gain});
+        resumed_count += r.resumed;
+        if (r.gain > best_gain) {
             best = p;
-            best_gain = gain_of(m);
+            best_gain = r.gain;
             since_improvement = 0;
         } else if (!random_phase) {
             since_improvement++;
@@ -127,10 +204,10 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
             std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count());
         fmt::print(stderr, "[{}] candidate {}: {}{} | best {:.2f}x | {}m{:02}s left\n", label,
                    tried.size(),
-                   m.result ? fmt::format("{:.3f} ms, {:.2f}x the defaults", m.result->candidate_ms,
-                                          m.result->gain)
-                            : m.failure.substr(0, 70),
-                   resumed ? " (recorded earlier)" : "", best_gain, int(left) / 60, int(left) % 60);
+                   r.failure.empty() ? fmt::format("{:.2f}x the defaults", r.gain)
+                                     : r.failure.substr(0, 70),
+                   r.resumed ? " (recorded earlier)" : "", best_gain, int(left) / 60,
+                   int(left) % 60);
     }
     if (resumed_count > 0) {
         fmt::print(stderr, "[{}] resumed {} candidates from {}\n", label, resumed_count,
@@ -138,15 +215,8 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
     }
 
     // The finalists, re-timed: the search's best gain is the luckiest of many noisy ones.
-    std::vector<const Measurement *> ranked;
-    for (const Measurement &m : tried) {
-        if (gain_of(m) > 1) {
-            ranked.push_back(&m);
-        }
-    }
-    std::sort(ranked.begin(), ranked.end(),
-              [](const Measurement *a, const Measurement *b) { return gain_of(*a) > gain_of(*b); });
-    ranked.resize(std::min<size_t>(ranked.size(), kFinalists));
+    std::sort(tried.begin(), tried.end(),
+              [](const auto &a, const auto &b) { return a.second > b.second; });
     cpu::TunedBucket t;
     t.bucket = spec.bucket;
     t.params = defaults;
@@ -155,76 +225,45 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
     t.date = utc_date();
     t.machine = db.context().machine;
     t.schedule_hash = db.context().schedule_hash;
-    std::optional<Measurement> winner;  // the finalist that held up best when re-timed
-    for (const Measurement *finalist : ranked) {
-        bool resumed = false;
-        const Measurement again = measure_once(db, "finalist", spec.bucket, isa, finalist->params,
-                                               baseline, work, o.rounds, resumed);
+    std::optional<BucketBench::Result> winner;  // the finalist that held up best when re-timed
+    for (size_t f = 0; f < tried.size() && f < size_t(kFinalists) && tried[f].second > 1; f++) {
+        BucketBench::Result again = bench.measure(db, "finalist", tried[f].first);
         fmt::print(stderr, "[{}] finalist {}: {:.2f}x in the search, {:.2f}x re-timed\n", label,
-                   finalist->params.to_string(), gain_of(*finalist), gain_of(again));
-        if (gain_of(again) > (winner ? gain_of(*winner) : 1.0)) {
-            winner = again;
+                   tried[f].first.to_string(), tried[f].second, again.gain);
+        if (again.gain > (winner ? winner->gain : 1.0)) {
+            t.params = tried[f].first;
+            winner = std::move(again);
         }
-    }
-    if (winner) {
-        t.params = winner->params;
-        t.search_gain = gain_of(*winner);
-        t.noise = std::max(t.noise, winner->result->standard_error());
     }
 
-    // The winner verified, timed the same way, on the tuning shape and on the bucket's sweep
-    // shapes: one shape does not speak for a bucket.
+    // The winner verified: timed again, the same way, on the same shapes.
     std::vector<std::pair<ProblemShape, double>> verified;
-    if (!(t.params == defaults)) {
-        std::vector<ProblemShape> shapes = {shape};
-        for (const ProblemShape &s : contract::kBenchmarkSweep) {
-            if (o.verify_on_sweep && contract::shape_bucket(s.token_rows()) == spec.bucket &&
-                !(s == shape)) {
-                shapes.push_back(s);
-            }
-        }
-        for (const ProblemShape &s : shapes) {
-            std::optional<Workload> other_work;
-            std::optional<Candidate> other_baseline;
-            if (!(s == shape)) {
-                other_work.emplace(s, o.seed);
-                other_baseline.emplace(isa, s, defaults.to_string());
-            }
-            bool resumed = false;
-            const Measurement m = measure_once(db, "verify", spec.bucket, isa, t.params,
-                                               other_baseline ? *other_baseline : baseline,
-                                               other_work ? *other_work : work, o.rounds, resumed);
-            verified.push_back({s, gain_of(m)});
-            if (s == shape && m.result) {
-                t.noise = std::max(t.noise, m.result->standard_error());
-            }
-            fmt::print(stderr, "[{}] verified on {}: {}\n", label, shape_text(s),
+    if (winner) {
+        t.search_gain = winner->gain;
+        const BucketBench::Result v = bench.measure(db, "verify", t.params);
+        for (const Measurement &m : v.shapes) {
+            verified.push_back({m.shape, gain_of(m)});
+            fmt::print(stderr, "[{}] verified on {}: {}\n", label, shape_text(m.shape),
                        m.result ? fmt::format("{:.3f} ms against {:.3f} ms, {:.2f}x",
                                               m.result->candidate_ms, m.result->baseline_ms,
                                               m.result->gain)
                                 : m.failure);
         }
-        double log_gain = 0;
-        for (const auto &[s, gain] : verified) {
-            log_gain += gain > 0 ? std::log(gain) : -INFINITY;
-        }
         t.verified_gain = verified.front().second;
-        t.bucket_gain = std::exp(log_gain / double(verified.size()));
-        t.kept_defaults =
-            !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise) && t.verified_gain > 1);
+        t.bucket_gain = v.gain;
+        t.noise = std::max({t.noise, largest_error(*winner), largest_error(v)});
+        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise));
     }
-    fmt::print(
-        stderr,
-        "[{}] search {:.2f}x, verification {:.2f}x on the tuning shape ({} within the "
-        "noise, ±{:.1f}%), {:.2f}x over {} shape(s): {}\n",
-        label, t.search_gain, t.verified_gain,
-        agree_within_noise(t.search_gain, t.verified_gain, t.noise) ? "agree" : "do not agree",
-        100 * t.noise, t.bucket_gain, std::max<size_t>(1, verified.size()),
-        t.kept_defaults ? "defaults kept" : "tuned parameters kept");
+    fmt::print(stderr,
+               "[{}] search {:.2f}x and verification {:.2f}x over the bucket's {} shape(s) ({} "
+               "within the noise, ±{:.1f}%): {}\n",
+               label, t.search_gain, t.bucket_gain, bench.shapes().size(),
+               agree_within_noise(t.search_gain, t.bucket_gain, t.noise) ? "agree" : "do not agree",
+               100 * t.noise, t.kept_defaults ? "defaults kept" : "tuned parameters kept");
     if (t.kept_defaults) {
         t.params = defaults;
     }
-    db.append(Decision{t, shape, verified});
+    db.append(Decision{t, bench.shapes().front(), verified});
     return t;
 }
 

@@ -1,7 +1,8 @@
 // The search of mha-tune: per shape bucket, random sampling then local refinement of the best,
-// every candidate checked against the reference and timed against the defaults; the best few
-// re-timed, the winner verified on the bucket's sweep shapes, and kept only if it beats the
-// defaults by more than the noise. Every measurement goes to the tuning database as it is made;
+// every candidate checked against the reference and timed against the defaults on the bucket's
+// tuning shape and its benchmark-sweep shapes (its gain is the geometric mean over them); the
+// best few re-timed, the winner verified the same way, and kept only if it beats the defaults
+// by more than the noise. Every measurement goes to the tuning database as it is made;
 // a run resumes where an earlier one with the same seed stopped.
 #pragma once
 
@@ -21,7 +22,7 @@ struct TuneOptions {
     int rounds = 5;                                      // of each interleaved comparison
     std::optional<contract::ProblemShape> tuning_shape;  // instead of each bucket's
     int max_candidates = 0;                              // per bucket; 0: until budget or patience
-    bool verify_on_sweep = true;  // verify on the bucket's sweep shapes, not only its own
+    bool sweep_shapes = true;  // time candidates on the bucket's sweep shapes too
     std::string database, tuned_file, command;
 };
 

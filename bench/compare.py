@@ -1,6 +1,8 @@
-"""Runs the whole comparison in one go and prints the table: the C++ benchmarks (this project's
-kernels, OpenBLAS sgemm 2048³ as the ceiling, a hand-written BLAS multi-head attention, each
-stage) and PyTorch's two paths, at the same thread counts, on this machine, now.
+"""Runs the whole comparison in one go and prints the tables: the C++ benchmarks (this project's
+kernels, OpenBLAS sgemm 2048³ and a streaming read as the ceilings, a hand-written BLAS
+multi-head attention, each stage, decode steps over a KV cache), PyTorch's paths and ONNX
+Runtime's, at the same thread counts, on this machine, now. PyTorch and ONNX Runtime are timed
+from Python (median of calls); their Python call overhead is printed beside them.
 
 usage: compare.py --bench build/bench/mha_bench [--out FILE] [--filter REGEX] [--min-time S]
 """
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import ort_peer
 import report
 import torch_peer
 
@@ -21,6 +24,8 @@ NAME = re.compile(r"^(?P<system>halide|blas)/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>
                   r"_H(?P<H>\d+)/weights:(?P<w>[01])/threads:(?P<t>\d+)")
 STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
+STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
+DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
 
 
 
@@ -49,7 +54,7 @@ def run_cpp(bench, bench_filter, min_time):
     for b in json.loads(out)["benchmarks"]:
         if b.get("aggregate_name") == "median":
             ms = b["real_time"] * {"ms": 1, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
-            medians[b["run_name"]] = (ms, b.get("label", ""))
+            medians[b["run_name"]] = (ms, b.get("label", ""), b)
     return medians, env.get("OPENBLAS_CORETYPE", "auto")
 
 
@@ -64,10 +69,12 @@ def main():
     started = time.time()
     cpp, coretype = run_cpp(args.bench, args.filter, args.min_time)
     sgemm = {int(SGEMM.match(n)["t"]): 2 * 2048**3 / (ms * 1e6)
-             for n, (ms, _) in cpp.items() if SGEMM.match(n)}
+             for n, (ms, _, _) in cpp.items() if SGEMM.match(n)}
+    stream = {int(STREAM.match(n)["t"]): int(STREAM.match(n)["mb"]) * 2**20 / (ms * 1e6)
+              for n, (ms, _, _) in cpp.items() if STREAM.match(n)}  # GB/s
 
     rows = {}
-    for name, (ms, label) in cpp.items():
+    for name, (ms, label, _) in cpp.items():
         m = NAME.match(name)
         if m:
             dims = tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H"))
@@ -79,32 +86,69 @@ def main():
         print(f"PyTorch {i + 1}/{len(rows)}: {dims} weights={w} threads={t}",
               file=sys.stderr, flush=True)
         rows[(dims, w, t)].update(torch_peer.measure(dims, bool(w), t, args.min_time))
+        if not w:  # ORT's attention ops do not return the weights
+            rows[(dims, w, t)]["ort"] = ort_peer.measure(dims, t, args.min_time)
+    decode = {}
+    for name, (ms, _, b) in cpp.items():
+        m = DECODE.match(name)
+        if m:
+            shape = tuple(int(m[k]) for k in ("B", "N", "E", "H"))
+            t = int(m["t"])
+            print(f"decode peers: {shape} threads={t}", file=sys.stderr, flush=True)
+            decode[(shape, t)] = {"ours": ms, "bytes": b["bytes"],
+                                  "torch": torch_peer.measure_decode(*shape, t, args.min_time),
+                                  "ort": ort_peer.measure_decode(*shape, t, args.min_time)}
+    overhead = {t: (torch_peer.call_overhead_ms(t), ort_peer.call_overhead_ms(t))
+                for t in sorted({t for (_, _, t) in rows})}
 
     lines = []
     emit = lines.append
     emit(f"Machine: {cpu_model()}, {os.cpu_count()} cores; {platform.platform()}")
-    emit(f"PyTorch {torch_peer.torch.__version__}; OpenBLAS core type {coretype}; "
-         f"run took {time.time() - started:.0f} s")
+    emit(f"PyTorch {torch_peer.torch.__version__}, ONNX Runtime {ort_peer.ort.__version__}; "
+         f"OpenBLAS core type {coretype}; run took {time.time() - started:.0f} s")
     emit("")
     emit("Ceiling, OpenBLAS sgemm 2048³: " +
          ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GFLOP/s"
                    for t, g in sorted(sgemm.items())))
+    emit("Streaming read (256 MB summed): " +
+         ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GB/s" for t, g in sorted(stream.items())))
+    emit("Python call overhead, the cheapest call: " +
+         ", ".join(f"{t} thread{'s' if t > 1 else ''}: PyTorch {p:.4f} ms, ONNX Runtime {o:.4f} ms"
+                   for t, (p, o) in overhead.items()))
     emit("")
     emit("| shape (B, Sq, Sk, E, H) | weights | threads | ours ms | ours GFLOP/s | % of sgemm "
-         "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | × BLAS MHA | × nn.MHA | × sdpa "
-         "| × best PyTorch |")
-    emit("|" + "---|" * 13)
+         "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | ONNX Runtime ms | × BLAS MHA "
+         "| × best PyTorch | × ONNX Runtime | × faster peer |")
+    emit("|" + "---|" * 14)
     for (dims, w, t), r in sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2], kv[0])):
         ours = r["halide"]
         gflops = report.flops(*dims) / (ours * 1e6)
         best_torch = min(r["nn.MultiheadAttention"], r["F.linear+sdpa"])
+        ort_ms = r.get("ort")
+        faster = min(best_torch, ort_ms) if ort_ms else best_torch
         emit(f"| {', '.join(map(str, dims))} | {'yes' if w else 'no'} | {t} | {ours:.3f} "
              f"| {gflops:.1f} | {100 * gflops / sgemm[t]:.0f}% | {r['blas']:.3f} "
              f"| {r['nn.MultiheadAttention']:.3f} | {r['F.linear+sdpa']:.3f} "
-             f"| {r['blas'] / ours:.2f} | {r['nn.MultiheadAttention'] / ours:.2f} "
-             f"| {r['F.linear+sdpa'] / ours:.2f} | {best_torch / ours:.2f} |")
+             f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {r['blas'] / ours:.2f} "
+             f"| {best_torch / ours:.2f} | {f'{ort_ms / ours:.2f}' if ort_ms else '–'} "
+             f"| {faster / ours:.2f} |")
+    if decode:
+        emit("")
+        emit("Decode steps (one new token per batch row against a KV cache of N tokens); floor = "
+             "bytes read (weights + cache) / the same run's streaming read:")
+        emit("")
+        emit("| B, N, E, H | threads | ours ms | floor ms | × floor | PyTorch ms | ONNX Runtime ms "
+             "| × PyTorch | × ONNX Runtime | × faster peer |")
+        emit("|" + "---|" * 10)
+        for (shape, t), r in sorted(decode.items(), key=lambda kv: (kv[0][0][2], kv[0][0][1], kv[0][1])):
+            floor = r["bytes"] / (stream[t] * 1e6)
+            faster = min(r["torch"], r["ort"])
+            emit(f"| {', '.join(map(str, shape))} | {t} | {r['ours']:.3f} | {floor:.3f} "
+                 f"| {r['ours'] / floor:.2f} | {r['torch']:.3f} | {r['ort']:.3f} "
+                 f"| {r['torch'] / r['ours']:.2f} | {r['ort'] / r['ours']:.2f} "
+                 f"| {faster / r['ours']:.2f} |")
     stages = {}
-    for name, (ms, _) in cpp.items():
+    for name, (ms, _, _) in cpp.items():
         m = STAGE.match(name)
         if m:
             stages.setdefault(m["shape"], {})[m["stage"]] = ms

@@ -26,6 +26,7 @@
 #include "mha_scaled_scores.h"
 #include "mha_split_heads.h"
 #include "reference.h"
+#include "stream_read.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -128,6 +129,38 @@ void blas_forward(benchmark::State &state, Dims d, bool with_weights, int thread
     report(state, d.forward_flops(), threads);
 }
 
+// The streaming-read rate of this machine (a large buffer summed): the floor of memory-bound
+// calls is their bytes over it.
+void stream_read_rate(benchmark::State &state, size_t megabytes, int threads) {
+    const std::vector<float> data(megabytes * (size_t(1) << 20) / sizeof(float), 1.0f);
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(mha::bench::stream_read(data.data(), data.size() * 4, threads));
+    }
+    state.counters["GB/s"] = benchmark::Counter(double(data.size()) * 4 * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// A decode step: one new token per batch row against a cache of d.cached tokens (truncated back
+// to them before each step).
+void halide_decode(benchmark::State &state, mha::contract::DecodeShape d, int threads) {
+    set_threads(threads);
+    const int64_t B = d.batch, N = d.cached, E = d.embed_dim;
+    const Problem p = mha::reference::random_problem({B, 1, N, E, d.num_heads}, 1);
+    const auto module = mha::reference::make_module(p);
+    mha::KvCache cache = module.make_cache(B, N + 1);
+    std::vector<float> prompt_output(B * N * E), token(p.query), output(B * E);
+    module.decode({p.key.data(), {B, N, E}}, cache, {prompt_output.data(), {B, N, E}});
+    for (auto _ : state) {
+        cache.truncate(N);
+        module.decode({token.data(), {B, 1, E}}, cache, {output.data(), {B, 1, E}});
+        benchmark::DoNotOptimize(output.data());
+    }
+    state.SetLabel(mha::dispatched_isa());
+    state.counters["bytes"] = d.bytes_read();
+    state.counters["GB/s"] =
+        benchmark::Counter(d.bytes_read() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Each stage's own library (tests' stage generators) on the shape's tensors.
 using Halide::Runtime::Buffer;
 void stage(benchmark::State &state, const std::string &which, Dims d, int threads) {
@@ -213,6 +246,18 @@ void register_all(const std::vector<int> &thread_counts) {
                                              threads)
                     ->Unit(benchmark::kMillisecond);
             }
+        }
+    }
+    for (int threads : thread_counts) {
+        benchmark::RegisterBenchmark(fmt::format("stream_read/MB:256/threads:{}", threads).c_str(),
+                                     stream_read_rate, 256, threads)
+            ->Unit(benchmark::kMillisecond);
+        for (const mha::contract::DecodeShape &d : mha::contract::kDecodeSweep) {
+            benchmark::RegisterBenchmark(fmt::format("decode/B{}_N{}_E{}_H{}/threads:{}", d.batch,
+                                                     d.cached, d.embed_dim, d.num_heads, threads)
+                                             .c_str(),
+                                         halide_decode, d, threads)
+                ->Unit(benchmark::kMillisecond);
         }
     }
     for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",

@@ -60,3 +60,36 @@ def measure(dims, with_weights, threads, min_time_s=0.3):
             "nn.MultiheadAttention": _median_ms(module, min_time_s),
             "F.linear+sdpa": _median_ms(functional, min_time_s),
         }
+
+
+def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
+    """Median milliseconds of one PyTorch decode step: the new token's fused QKV projection
+    (F.linear), its key and value written in place into a preallocated cache, SDPA over the
+    filled part, the output projection."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    d = E // H
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+    wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
+    k_cache = torch.rand(batch, H, cached + 1, d)
+    v_cache = torch.rand(batch, H, cached + 1, d)
+    token = torch.rand(batch, 1, E) * 2 - 1
+
+    def step():
+        q, k, v = F.linear(token, w_in, b_in).view(batch, 1, 3, H, d).permute(2, 0, 3, 1, 4)
+        k_cache[:, :, cached:cached + 1] = k
+        v_cache[:, :, cached:cached + 1] = v
+        context = F.scaled_dot_product_attention(q, k_cache, v_cache)
+        return F.linear(context.transpose(1, 2).reshape(batch, 1, E), wo, bo)
+
+    with torch.inference_mode():
+        return _median_ms(step, min_time_s)
+
+
+def call_overhead_ms(threads, min_time_s=0.2):
+    """A Python call of the cheapest PyTorch op, for scale."""
+    torch.set_num_threads(threads)
+    x = torch.zeros(1)
+    with torch.inference_mode():
+        return _median_ms(lambda: torch.add(x, 1), min_time_s)

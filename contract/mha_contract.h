@@ -418,6 +418,25 @@ inline constexpr std::array kBenchmarkSweep = {
     ProblemShape{1, 2048, 2048, 512, 8}, ProblemShape{1, 64, 2048, 512, 8},
     ProblemShape{1, 1, 4096, 512, 8},
 };
+// A decode step: `batch` rows, each appending one token to a KV cache that holds `cached`.
+struct DecodeShape {
+    int64_t batch, cached, embed_dim, num_heads;
+
+    // What a step must read at least: the four projections' weights and every cached key and
+    // value (the new token's own projections and outputs are negligible).
+    constexpr double bytes_read() const {
+        return 4.0 * (4 * embed_dim * embed_dim + 2 * batch * (cached + 1) * embed_dim);
+    }
+};
+// Decode steps against 128, 1024 and 4096 cached tokens (E = 512, H = 8) and 2048 (E = 768,
+// H = 12): the CPU benchmarks time them.
+inline constexpr std::array kDecodeSweep = {
+    DecodeShape{1, 128, 512, 8},
+    DecodeShape{1, 1024, 512, 8},
+    DecodeShape{1, 4096, 512, 8},
+    DecodeShape{1, 2048, 768, 12},
+};
+
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {
     ProblemShape{8, 1024, 1024, 1024, 16},

@@ -18,7 +18,7 @@ build="${MHA_BUILD_DIR:-$root/build}"
 # Pinned Python-side toolchain: Halide's wheel carries libHalide, its headers, CMake package and
 # autoscheduler plugins; Halide 21's CMake files need CMake >= 3.28, newer than Debian 12's.
 python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
-bench_requirements=(torch==2.15.0)
+bench_requirements=(torch==2.15.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
                  libopenblas-dev binutils clang-format)

@@ -144,13 +144,15 @@ private:
 
 double gain_of(const Measurement &m) { return m.result ? m.result->gain : 0; }
 
-// The largest standard error among a result's shape gains.
-double largest_error(const BucketBench::Result &r) {
-    double e = 0;
+// The standard error of a result's gain, the geometric mean of its shapes' gains: from theirs,
+// independent, sqrt(sum of squares) / shapes.
+double gain_error(const BucketBench::Result &r) {
+    double squares = 0;
     for (const Measurement &m : r.shapes) {
-        e = std::max(e, m.result ? m.result->standard_error() : 0.0);
+        const double e = m.result ? m.result->standard_error() : 0.0;
+        squares += e * e;
     }
-    return e;
+    return std::sqrt(squares) / double(r.shapes.size());
 }
 
 cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, TuningDb &db,
@@ -158,14 +160,17 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
     const contract::CpuIsa &isa = *o.isa;
     BucketBench bench(o, spec);
     const ScheduleParams &defaults = bench.defaults();
-    const double noise = bench.noise();
+    // The defaults against themselves on the tuning shape, taken as every shape's noise: the
+    // standard error of a gain over the bucket's shapes.
+    const double comparison_noise = bench.noise();
+    const double noise = comparison_noise / std::sqrt(double(bench.shapes().size()));
     db.append(
         Measurement{"noise", spec.bucket, bench.shapes()[0], defaults, std::nullopt, "", noise});
     std::string shape_list;
     for (const ProblemShape &s : bench.shapes()) {
         shape_list += (shape_list.empty() ? "" : ", ") + shape_text(s);
     }
-    fmt::print(stderr, "[{}] tuning on {}; timing noise of one comparison ±{:.1f}%\n", label,
+    fmt::print(stderr, "[{}] tuning on {}; timing noise of a gain over them ±{:.1f}%\n", label,
                shape_list, 100 * noise);
 
     // The search. Its random draws depend only on the seed and on the gains seen, and an
@@ -251,8 +256,19 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
         }
         t.verified_gain = verified.front().second;
         t.bucket_gain = v.gain;
-        t.noise = std::max({t.noise, largest_error(*winner), largest_error(v)});
-        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise));
+        t.noise = std::max({t.noise, gain_error(*winner), gain_error(v)});
+        // A bucket's parameters serve all of its shapes: none may lose beyond one comparison's
+        // noise, whatever the mean gains.
+        double worst_shape_gain = 1;
+        for (const auto &[shape, gain] : verified) {
+            worst_shape_gain = std::min(worst_shape_gain, gain);
+        }
+        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise)) ||
+                          worst_shape_gain < 1 - 2 * comparison_noise;
+        if (worst_shape_gain < 1 - 2 * comparison_noise) {
+            fmt::print(stderr, "[{}] one of its shapes runs {:.2f}x the defaults\n", label,
+                       worst_shape_gain);
+        }
     }
     fmt::print(stderr,
                "[{}] search {:.2f}x and verification {:.2f}x over the bucket's {} shape(s) ({} "

@@ -1,0 +1,118 @@
+"""ONNX Runtime peers: the forward pass as com.microsoft Attention (self-attention; its fused
+QKV projection included) or MultiHeadAttention (cross-attention, projections by MatMul) plus the
+output projection (MatMul + Add); a decode step as MultiHeadAttention with past key and value
+(ORT appends the new token's and returns the present ones). f32, CPU execution provider, intra-op
+threads as given. Graphs are built with the onnx package from random weights."""
+
+import statistics
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _median_ms(run, min_time_s):
+    for _ in range(2):
+        run()
+    times = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < min_time_s or len(times) < 3:
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def _session(graph, threads):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def _weights(E, rng):
+    bound = 1 / np.sqrt(E)
+    return lambda *shape: rng.uniform(-bound, bound, shape).astype(np.float32)
+
+
+def _output_projection(nodes, inits, context, E, w):
+    inits += [numpy_helper.from_array(w(E, E), "wo"), numpy_helper.from_array(w(E), "bo")]
+    nodes += [helper.make_node("MatMul", [context, "wo"], ["projected"]),
+              helper.make_node("Add", ["projected", "bo"], ["output"])]
+
+
+def measure(dims, threads, min_time_s=0.3):
+    """Median milliseconds of ORT's forward pass for (B, Sq, Sk, E, H), no weights returned."""
+    B, Sq, Sk, E, H = dims
+    rng = np.random.default_rng(0)
+    w = _weights(E, rng)
+    f32 = TensorProto.FLOAT
+    nodes, inits = [], []
+    inputs = [helper.make_tensor_value_info("query", f32, [B, Sq, E])]
+    feeds = {"query": rng.uniform(-1, 1, (B, Sq, E)).astype(np.float32)}
+    if Sq == Sk:
+        inits += [numpy_helper.from_array(w(E, 3 * E), "w_qkv"),
+                  numpy_helper.from_array(w(3 * E), "b_qkv")]
+        nodes.append(helper.make_node("Attention", ["query", "w_qkv", "b_qkv"], ["context"],
+                                      domain="com.microsoft", num_heads=H))
+    else:
+        inputs.append(helper.make_tensor_value_info("key", f32, [B, Sk, E]))
+        feeds["key"] = rng.uniform(-1, 1, (B, Sk, E)).astype(np.float32)
+        for name, source in (("q", "query"), ("k", "key"), ("v", "key")):
+            inits.append(numpy_helper.from_array(w(E, E), f"w_{name}"))
+            nodes.append(helper.make_node("MatMul", [source, f"w_{name}"], [name]))
+        inits.append(numpy_helper.from_array(w(3 * E), "b_qkv"))
+        nodes.append(helper.make_node("MultiHeadAttention", ["q", "k", "v", "b_qkv"], ["context"],
+                                      domain="com.microsoft", num_heads=H))
+    _output_projection(nodes, inits, "context", E, w)
+    graph = helper.make_graph(nodes, "attention", inputs,
+                              [helper.make_tensor_value_info("output", f32, [B, Sq, E])], inits)
+    session = _session(graph, threads)
+    return _median_ms(lambda: session.run(None, feeds), min_time_s)
+
+
+def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
+    """Median milliseconds of one ORT decode step against `cached` past keys and values."""
+    d = E // H
+    rng = np.random.default_rng(0)
+    w = _weights(E, rng)
+    f32 = TensorProto.FLOAT
+    nodes, inits = [], []
+    for name in ("q", "k", "v"):
+        inits.append(numpy_helper.from_array(w(E, E), f"w_{name}"))
+        nodes.append(helper.make_node("MatMul", ["token", f"w_{name}"], [name]))
+    inits.append(numpy_helper.from_array(w(3 * E), "b_qkv"))
+    nodes.append(helper.make_node(
+        "MultiHeadAttention", ["q", "k", "v", "b_qkv", "", "", "past_key", "past_value"],
+        ["context", "present_key", "present_value"], domain="com.microsoft", num_heads=H))
+    _output_projection(nodes, inits, "context", E, w)
+    past = [batch, H, cached, d]
+    graph = helper.make_graph(
+        nodes, "decode",
+        [helper.make_tensor_value_info("token", f32, [batch, 1, E]),
+         helper.make_tensor_value_info("past_key", f32, past),
+         helper.make_tensor_value_info("past_value", f32, past)],
+        [helper.make_tensor_value_info("output", f32, [batch, 1, E]),
+         helper.make_tensor_value_info("present_key", f32, [batch, H, cached + 1, d]),
+         helper.make_tensor_value_info("present_value", f32, [batch, H, cached + 1, d])], inits)
+    session = _session(graph, threads)
+    feeds = {"token": rng.uniform(-1, 1, (batch, 1, E)).astype(np.float32),
+             "past_key": rng.uniform(-1, 1, past).astype(np.float32),
+             "past_value": rng.uniform(-1, 1, past).astype(np.float32)}
+    return _median_ms(lambda: session.run(["output"], feeds), min_time_s)
+
+
+def call_overhead_ms(threads, min_time_s=0.2):
+    """A session run of one Identity on one float, for scale."""
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "identity",
+                              [helper.make_tensor_value_info("x", f32, [1])],
+                              [helper.make_tensor_value_info("y", f32, [1])])
+    session = _session(graph, threads)
+    x = {"x": np.zeros(1, np.float32)}
+    return _median_ms(lambda: session.run(None, x), min_time_s)

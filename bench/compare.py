@@ -2,9 +2,12 @@
 kernels, OpenBLAS sgemm 2048³ and a streaming read as the ceilings, a hand-written BLAS
 multi-head attention, each stage, decode steps over a KV cache), PyTorch's paths and ONNX
 Runtime's, at the same thread counts, on this machine, now. PyTorch and ONNX Runtime are timed
-from Python (median of calls); their Python call overhead is printed beside them.
+from Python (median of calls); their Python call overhead is printed beside them. Everything is
+measured in --rounds interleaved rounds (the machine is shared and drifts); each figure is the
+median of its rounds.
 
 usage: compare.py --bench build/bench/mha_bench [--out FILE] [--filter REGEX] [--min-time S]
+                  [--rounds N]
 """
 
 import argparse
@@ -12,6 +15,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -46,16 +50,39 @@ def run_cpp(bench, bench_filter, min_time):
     if avx512 and "OPENBLAS_CORETYPE" not in env:
         env["OPENBLAS_CORETYPE"] = "SkylakeX"
     cmd = [bench, "--benchmark_format=json", f"--benchmark_min_time={min_time}",
-           "--benchmark_repetitions=3", "--benchmark_report_aggregates_only=true",
            f"--benchmark_filter={bench_filter}"]
     print("running:", " ".join(cmd), file=sys.stderr, flush=True)
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE).stdout
-    medians = {}
+    results = {}
     for b in json.loads(out)["benchmarks"]:
-        if b.get("aggregate_name") == "median":
-            ms = b["real_time"] * {"ms": 1, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
-            medians[b["run_name"]] = (ms, b.get("label", ""), b)
-    return medians, env.get("OPENBLAS_CORETYPE", "auto")
+        ms = b["real_time"] * {"ms": 1, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
+        results[b["run_name"]] = (ms, b.get("label", ""), b)
+    return results, env.get("OPENBLAS_CORETYPE", "auto")
+
+
+def one_round(args, label):
+    """Every measurement once: the C++ benchmarks, then each peer on the same shapes. Returns
+    {key: milliseconds} with the C++ entries' labels and counters beside."""
+    cpp, coretype = run_cpp(args.bench, args.filter, args.min_time)
+    times = {("cpp", name): ms for name, (ms, _, _) in cpp.items()}
+    forward = sorted({(tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H")), int(m["w"]),
+                       int(m["t"])) for m in map(NAME.match, cpp) if m})
+    for i, (dims, w, t) in enumerate(forward):
+        print(f"{label}, peers {i + 1}/{len(forward)}: {dims} weights={w} threads={t}",
+              file=sys.stderr, flush=True)
+        for path, ms in torch_peer.measure(dims, bool(w), t, args.min_time).items():
+            times[(path, dims, w, t)] = ms
+        if not w:  # ORT's attention ops do not return the weights
+            times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
+    for m in filter(None, map(DECODE.match, cpp)):
+        shape, t = tuple(int(m[k]) for k in ("B", "N", "E", "H")), int(m["t"])
+        print(f"{label}, decode peers: {shape} threads={t}", file=sys.stderr, flush=True)
+        times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t, args.min_time)
+        times[("ort decode", shape, t)] = ort_peer.measure_decode(*shape, t, args.min_time)
+    for t in sorted({t for (_, _, t) in forward}):
+        times[("torch overhead", t)] = torch_peer.call_overhead_ms(t)
+        times[("ort overhead", t)] = ort_peer.call_overhead_ms(t)
+    return times, cpp, coretype
 
 
 def main():
@@ -64,48 +91,50 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--filter", default=".")
     ap.add_argument("--min-time", type=float, default=0.2)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of everything; each figure is their median")
     args = ap.parse_args()
 
     started = time.time()
-    cpp, coretype = run_cpp(args.bench, args.filter, args.min_time)
-    sgemm = {int(SGEMM.match(n)["t"]): 2 * 2048**3 / (ms * 1e6)
-             for n, (ms, _, _) in cpp.items() if SGEMM.match(n)}
-    stream = {int(STREAM.match(n)["t"]): int(STREAM.match(n)["mb"]) * 2**20 / (ms * 1e6)
-              for n, (ms, _, _) in cpp.items() if STREAM.match(n)}  # GB/s
+    rounds = []
+    for r in range(args.rounds):
+        times, cpp, coretype = one_round(args, f"round {r + 1}/{args.rounds}")
+        rounds.append(times)
+    ms = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+    cpp_ms = {name: ms[("cpp", name)] for name in cpp}
 
+    sgemm = {int(SGEMM.match(n)["t"]): 2 * 2048**3 / (t * 1e6)
+             for n, t in cpp_ms.items() if SGEMM.match(n)}
+    stream = {int(STREAM.match(n)["t"]): int(STREAM.match(n)["mb"]) * 2**20 / (t * 1e6)
+              for n, t in cpp_ms.items() if STREAM.match(n)}  # GB/s
     rows = {}
-    for name, (ms, label, _) in cpp.items():
+    for name, t_ms in cpp_ms.items():
         m = NAME.match(name)
         if m:
             dims = tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H"))
             key = (dims, int(m["w"]), int(m["t"]))
-            rows.setdefault(key, {})[m["system"]] = ms
-            if m["system"] == "halide":
-                rows[key]["isa"] = label
-    for i, (dims, w, t) in enumerate(sorted(rows)):
-        print(f"PyTorch {i + 1}/{len(rows)}: {dims} weights={w} threads={t}",
-              file=sys.stderr, flush=True)
-        rows[(dims, w, t)].update(torch_peer.measure(dims, bool(w), t, args.min_time))
-        if not w:  # ORT's attention ops do not return the weights
-            rows[(dims, w, t)]["ort"] = ort_peer.measure(dims, t, args.min_time)
+            row = rows.setdefault(key, {"isa": cpp[name][1]})
+            row[m["system"]] = t_ms
+            for path in ("nn.MultiheadAttention", "F.linear+sdpa", "ort"):
+                if (path, *key) in ms:
+                    row[path] = ms[(path, *key)]
     decode = {}
-    for name, (ms, _, b) in cpp.items():
+    for name, t_ms in cpp_ms.items():
         m = DECODE.match(name)
         if m:
-            shape = tuple(int(m[k]) for k in ("B", "N", "E", "H"))
-            t = int(m["t"])
-            print(f"decode peers: {shape} threads={t}", file=sys.stderr, flush=True)
-            decode[(shape, t)] = {"ours": ms, "bytes": b["bytes"],
-                                  "torch": torch_peer.measure_decode(*shape, t, args.min_time),
-                                  "ort": ort_peer.measure_decode(*shape, t, args.min_time)}
-    overhead = {t: (torch_peer.call_overhead_ms(t), ort_peer.call_overhead_ms(t))
+            shape, t = tuple(int(m[k]) for k in ("B", "N", "E", "H")), int(m["t"])
+            decode[(shape, t)] = {"ours": t_ms, "bytes": cpp[name][2]["bytes"],
+                                  "torch": ms[("torch decode", shape, t)],
+                                  "ort": ms[("ort decode", shape, t)]}
+    overhead = {t: (ms[("torch overhead", t)], ms[("ort overhead", t)])
                 for t in sorted({t for (_, _, t) in rows})}
 
     lines = []
     emit = lines.append
     emit(f"Machine: {cpu_model()}, {os.cpu_count()} cores; {platform.platform()}")
     emit(f"PyTorch {torch_peer.torch.__version__}, ONNX Runtime {ort_peer.ort.__version__}; "
-         f"OpenBLAS core type {coretype}; run took {time.time() - started:.0f} s")
+         f"OpenBLAS core type {coretype}; median of {args.rounds} interleaved rounds; "
+         f"run took {time.time() - started:.0f} s")
     emit("")
     emit("Ceiling, OpenBLAS sgemm 2048³: " +
          ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GFLOP/s"
@@ -148,10 +177,10 @@ def main():
                  f"| {r['torch'] / r['ours']:.2f} | {r['ort'] / r['ours']:.2f} "
                  f"| {faster / r['ours']:.2f} |")
     stages = {}
-    for name, (ms, _, _) in cpp.items():
+    for name, t_ms in cpp_ms.items():
         m = STAGE.match(name)
         if m:
-            stages.setdefault(m["shape"], {})[m["stage"]] = ms
+            stages.setdefault(m["shape"], {})[m["stage"]] = t_ms
     if stages:
         names = ["linear_projection", "split_heads", "scaled_scores", "masked_softmax",
                  "attend_values", "merge_heads"]

@@ -4,25 +4,12 @@ output projection (MatMul + Add); a decode step as MultiHeadAttention with past 
 (ORT appends the new token's and returns the present ones). f32, CPU execution provider, intra-op
 threads as given. Graphs are built with the onnx package from random weights."""
 
-import statistics
-import time
-
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from report import median_ms
 
-def _median_ms(run, min_time_s):
-    for _ in range(2):
-        run()
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < min_time_s or len(times) < 3:
-        t = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def _session(graph, threads):
@@ -73,7 +60,7 @@ def measure(dims, threads, min_time_s=0.3):
     graph = helper.make_graph(nodes, "attention", inputs,
                               [helper.make_tensor_value_info("output", f32, [B, Sq, E])], inits)
     session = _session(graph, threads)
-    return _median_ms(lambda: session.run(None, feeds), min_time_s)
+    return median_ms(lambda: session.run(None, feeds), min_time_s)
 
 
 def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
@@ -104,7 +91,7 @@ def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
     feeds = {"token": rng.uniform(-1, 1, (batch, 1, E)).astype(np.float32),
              "past_key": rng.uniform(-1, 1, past).astype(np.float32),
              "past_value": rng.uniform(-1, 1, past).astype(np.float32)}
-    return _median_ms(lambda: session.run(["output"], feeds), min_time_s)
+    return median_ms(lambda: session.run(["output"], feeds), min_time_s)
 
 
 def call_overhead_ms(threads, min_time_s=0.2):
@@ -115,4 +102,4 @@ def call_overhead_ms(threads, min_time_s=0.2):
                               [helper.make_tensor_value_info("y", f32, [1])])
     session = _session(graph, threads)
     x = {"x": np.zeros(1, np.float32)}
-    return _median_ms(lambda: session.run(None, x), min_time_s)
+    return median_ms(lambda: session.run(None, x), min_time_s)

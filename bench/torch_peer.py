@@ -3,23 +3,12 @@ F.scaled_dot_product_attention (or, when the weights are requested, which SDPA c
 the explicit matmul/softmax a user writes instead). f32, CPU, inference mode."""
 
 import math
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
+from report import median_ms
 
-def _median_ms(fn, min_time_s):
-    for _ in range(2):  # warm-up: kernel selection, allocator, thread pool
-        fn()
-    times = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < min_time_s or len(times) < 3:
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def measure(dims, with_weights, threads, min_time_s=0.3):
@@ -57,8 +46,8 @@ def measure(dims, with_weights, threads, min_time_s=0.3):
         if not torch.allclose(out_module, out_functional, rtol=1e-4, atol=1e-5):
             raise RuntimeError(f"PyTorch's two paths disagree on {dims}")
         return {
-            "nn.MultiheadAttention": _median_ms(module, min_time_s),
-            "F.linear+sdpa": _median_ms(functional, min_time_s),
+            "nn.MultiheadAttention": median_ms(module, min_time_s),
+            "F.linear+sdpa": median_ms(functional, min_time_s),
         }
 
 
@@ -84,7 +73,7 @@ def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
         return F.linear(context.transpose(1, 2).reshape(batch, 1, E), wo, bo)
 
     with torch.inference_mode():
-        return _median_ms(step, min_time_s)
+        return median_ms(step, min_time_s)
 
 
 def call_overhead_ms(threads, min_time_s=0.2):
@@ -92,4 +81,4 @@ def call_overhead_ms(threads, min_time_s=0.2):
     torch.set_num_threads(threads)
     x = torch.zeros(1)
     with torch.inference_mode():
-        return _median_ms(lambda: torch.add(x, 1), min_time_s)
+        return median_ms(lambda: torch.add(x, 1), min_time_s)

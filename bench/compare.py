@@ -41,7 +41,7 @@ def cpu_model():
     return platform.processor()
 
 
-def run_cpp(bench, bench_filter, min_time):
+def blas_environment():
     env = dict(os.environ)
     with open("/proc/cpuinfo") as f:
         avx512 = " avx512f " in f.read()
@@ -49,40 +49,73 @@ def run_cpp(bench, bench_filter, min_time):
     # kernels, about 6x slower; its own AVX-512 kernels are the machine's real BLAS ceiling.
     if avx512 and "OPENBLAS_CORETYPE" not in env:
         env["OPENBLAS_CORETYPE"] = "SkylakeX"
+    return env
+
+
+def run_cpp(bench, names, min_time, env):
+    """{name: (ms, label, the benchmark's JSON)} of the named C++ benchmarks, run once."""
+    pattern = "^(" + "|".join(map(re.escape, names)) + ")$"
     cmd = [bench, "--benchmark_format=json", f"--benchmark_min_time={min_time}",
-           f"--benchmark_filter={bench_filter}"]
-    print("running:", " ".join(cmd), file=sys.stderr, flush=True)
+           f"--benchmark_filter={pattern}"]
     out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE).stdout
     results = {}
     for b in json.loads(out)["benchmarks"]:
         ms = b["real_time"] * {"ms": 1, "us": 1e-3, "ns": 1e-6, "s": 1e3}[b["time_unit"]]
         results[b["run_name"]] = (ms, b.get("label", ""), b)
-    return results, env.get("OPENBLAS_CORETYPE", "auto")
+    return results
 
 
-def one_round(args, label):
-    """Every measurement once: the C++ benchmarks, then each peer on the same shapes. Returns
-    {key: milliseconds} with the C++ entries' labels and counters beside."""
-    cpp, coretype = run_cpp(args.bench, args.filter, args.min_time)
-    times = {("cpp", name): ms for name, (ms, _, _) in cpp.items()}
-    forward = sorted({(tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H")), int(m["w"]),
-                       int(m["t"])) for m in map(NAME.match, cpp) if m})
-    for i, (dims, w, t) in enumerate(forward):
-        print(f"{label}, peers {i + 1}/{len(forward)}: {dims} weights={w} threads={t}",
-              file=sys.stderr, flush=True)
-        for path, ms in torch_peer.measure(dims, bool(w), t, args.min_time).items():
-            times[(path, dims, w, t)] = ms
-        if not w:  # ORT's attention ops do not return the weights
-            times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
-    for m in filter(None, map(DECODE.match, cpp)):
-        shape, t = tuple(int(m[k]) for k in ("B", "N", "E", "H")), int(m["t"])
-        print(f"{label}, decode peers: {shape} threads={t}", file=sys.stderr, flush=True)
-        times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t, args.min_time)
-        times[("ort decode", shape, t)] = ort_peer.measure_decode(*shape, t, args.min_time)
-    for t in sorted({t for (_, _, t) in forward}):
+def benchmark_groups(bench, bench_filter):
+    """The C++ benchmarks' names in groups, each timed right before its peers so that both see
+    the same phase of a shared machine: one per forward shape, one per decode shape, one for the
+    rest (ceilings, stages)."""
+    names = subprocess.run([bench, "--benchmark_list_tests=true",
+                            f"--benchmark_filter={bench_filter}"],
+                           check=True, stdout=subprocess.PIPE, text=True).stdout.split()
+    groups = {}
+    for name in names:
+        forward, decode = NAME.match(name), DECODE.match(name)
+        key = (("forward", forward_dims(forward)) if forward else
+               ("decode", decode_shape(decode)) if decode else ("other",))
+        groups.setdefault(key, []).append(name)
+    return groups
+
+
+def forward_dims(m):
+    return tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H"))
+
+
+def decode_shape(m):
+    return tuple(int(m[k]) for k in ("B", "N", "E", "H"))
+
+
+def one_round(args, groups, env, label):
+    """Every measurement once, group by group: the C++ benchmarks, then their peers. Returns
+    {key: milliseconds} and the C++ results."""
+    cpp, times = {}, {}
+    for g, (key, names) in enumerate(groups.items()):
+        print(f"{label}, group {g + 1}/{len(groups)}: {' '.join(map(str, key))}", file=sys.stderr,
+              flush=True)
+        results = run_cpp(args.bench, names, args.min_time, env)
+        cpp.update(results)
+        for name in results:
+            forward, decode = NAME.match(name), DECODE.match(name)
+            if forward and forward["system"] == "halide":
+                dims, w, t = forward_dims(forward), int(forward["w"]), int(forward["t"])
+                for path, ms in torch_peer.measure(dims, bool(w), t, args.min_time).items():
+                    times[(path, dims, w, t)] = ms
+                if not w:  # ORT's attention ops do not return the weights
+                    times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
+            elif decode:
+                shape, t = decode_shape(decode), int(decode["t"])
+                times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t,
+                                                                              args.min_time)
+                times[("ort decode", shape, t)] = ort_peer.measure_decode(*shape, t, args.min_time)
+    times.update({("cpp", name): ms for name, (ms, _, _) in cpp.items()})
+    for t in sorted({int(m["t"]) for m in map(NAME.match, cpp) if m}):
         times[("torch overhead", t)] = torch_peer.call_overhead_ms(t)
         times[("ort overhead", t)] = ort_peer.call_overhead_ms(t)
-    return times, cpp, coretype
+    return times, cpp
 
 
 def main():
@@ -96,9 +129,12 @@ def main():
     args = ap.parse_args()
 
     started = time.time()
+    env = blas_environment()
+    coretype = env.get("OPENBLAS_CORETYPE", "auto")
+    groups = benchmark_groups(args.bench, args.filter)
     rounds = []
     for r in range(args.rounds):
-        times, cpp, coretype = one_round(args, f"round {r + 1}/{args.rounds}")
+        times, cpp = one_round(args, groups, env, f"round {r + 1}/{args.rounds}")
         rounds.append(times)
     ms = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     cpp_ms = {name: ms[("cpp", name)] for name in cpp}
@@ -111,8 +147,7 @@ def main():
     for name, t_ms in cpp_ms.items():
         m = NAME.match(name)
         if m:
-            dims = tuple(int(m[k]) for k in ("B", "Sq", "Sk", "E", "H"))
-            key = (dims, int(m["w"]), int(m["t"]))
+            key = (forward_dims(m), int(m["w"]), int(m["t"]))
             row = rows.setdefault(key, {"isa": cpp[name][1]})
             row[m["system"]] = t_ms
             for path in ("nn.MultiheadAttention", "F.linear+sdpa", "ort"):
@@ -122,7 +157,7 @@ def main():
     for name, t_ms in cpp_ms.items():
         m = DECODE.match(name)
         if m:
-            shape, t = tuple(int(m[k]) for k in ("B", "N", "E", "H")), int(m["t"])
+            shape, t = decode_shape(m), int(m["t"])
             decode[(shape, t)] = {"ours": t_ms, "bytes": cpp[name][2]["bytes"],
                                   "torch": ms[("torch decode", shape, t)],
                                   "ort": ms[("ort decode", shape, t)]}

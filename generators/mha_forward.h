@@ -75,7 +75,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.num_keys = in.num_keys;
     f.mask_keys_dense = in.mask_keys_dense;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
-    const Func query_rows = token_rows(v, in.query, Sq, B, "query_rows");
+    const TokenRows query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
         Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");

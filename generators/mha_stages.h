@@ -28,13 +28,17 @@ inline constexpr float kMaskedScore = -1e9f;
 
 // nn.Linear applies to every token alike, so a projection sees [B, S, E] as B·S rows:
 // rows(e, r) = x(e, r mod S, r / S). Rows past the end repeat the last token, so that schedules
-// may compute whole tiles of rows.
-inline Halide::Func token_rows(const StageVars &v, const Halide::Func &x,
-                               const Halide::Expr &seq_len, const Halide::Expr &batch,
-                               const std::string &name) {
-    Halide::Func rows(name);
-    Halide::Expr r = Halide::clamp(v.r, 0, seq_len * batch - 1);
-    rows(v.e, v.r) = x(v.e, r % seq_len, r / seq_len);
+// may compute whole tiles of rows; `count` is the real ones, for schedules that fit their tiles
+// to few rows.
+struct TokenRows {
+    Halide::Func func;
+    Halide::Expr count;
+};
+inline TokenRows token_rows(const StageVars &v, const Halide::Func &x, const Halide::Expr &seq_len,
+                            const Halide::Expr &batch, const std::string &name) {
+    TokenRows rows{Halide::Func(name), seq_len * batch};
+    Halide::Expr r = Halide::clamp(v.r, 0, rows.count - 1);
+    rows.func(v.e, v.r) = x(v.e, r % seq_len, r / seq_len);
     return rows;
 }
 
@@ -56,13 +60,15 @@ struct Projection {
     Halide::Func result;
     Halide::RDom k;
     Halide::Func rows, weight_t;  // what it reads, for schedules that stage them
+    Halide::Expr row_count;       // the real rows (see TokenRows)
 };
-inline Projection linear_projection(const StageVars &v, const Halide::Func &rows,
+inline Projection linear_projection(const StageVars &v, const TokenRows &rows,
                                     const Halide::Func &weight_t, const Halide::Func &bias,
                                     const Halide::Expr &in_features, const std::string &name) {
-    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k"), rows, weight_t};
+    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k"), rows.func, weight_t,
+                 rows.count};
     p.result(v.e, v.r) = bias(v.e);
-    p.result(v.e, v.r) += rows(p.k, v.r) * weight_t(v.e, p.k);
+    p.result(v.e, v.r) += rows.func(p.k, v.r) * weight_t(v.e, p.k);
     return p;
 }
 

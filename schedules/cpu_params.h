@@ -30,9 +30,9 @@ struct ScheduleParams {
     int pv_rows = 4;
     // 1: normalized softmax weights are computed per tile; 0: folded into weights·V.
     int materialize_weights = 1;
-    // 1: loops over tiles, heads and batch rows run on every core; 0: the whole call on one
-    // (waking the other cores costs microseconds, more than the smallest calls' work).
-    int parallel = 1;
+    // Which loops run on every core: 2 all (tiles, heads, batch rows), 1 the projections' only,
+    // 0 none (waking the other cores costs microseconds, more than the smallest calls' work).
+    int parallel = 2;
 
     using Field = int ScheduleParams::*;
     static constexpr std::array<std::pair<std::string_view, Field>, 11> kTunables = {{
@@ -119,9 +119,12 @@ struct ScheduleParams {
     // Why these parameters cannot build a correct pipeline; empty when they can.
     std::string invalid_because() const {
         for (const auto &[name, f] : kTunables) {
-            const bool flag = name == "materialize_weights" || name == "parallel";
-            if (this->*f < (flag ? 0 : 1) || (flag && this->*f > 1)) {
-                return std::string(name) + (flag ? " must be 0 or 1" : " must be positive");
+            const int largest = name == "materialize_weights" ? 1 : name == "parallel" ? 2 : 0;
+            if (largest > 0 && (this->*f < 0 || this->*f > largest)) {
+                return std::string(name) + " must be 0 to " + std::to_string(largest);
+            }
+            if (largest == 0 && this->*f < 1) {
+                return std::string(name) + " must be positive";
             }
         }
         const int max_tile = contract::kMaxTile;

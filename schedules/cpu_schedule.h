@@ -16,11 +16,16 @@
 
 namespace mha::cpu {
 
-// Runs loop `var` of `stage` on the thread pool, unless the parameters keep the whole call on
-// one core (for calls so small that waking the other cores costs more than they save).
+// What a parallel loop computes, for the `parallel` tunable: projections stream weights, which
+// every core reading its share speeds up even for one token; the other stages of a small call
+// are too short to pay for waking the other cores.
+enum class LoopWork { projection, other };
+
+// Runs loop `var` of `stage` on the thread pool if the `parallel` tunable says so for its work:
+// 0 keeps the whole call on one core, 1 forks the projections only, 2 every stage.
 inline void fork_over_cores(Halide::Stage stage, const Halide::VarOrRVar &var,
-                            const ScheduleParams &sp) {
-    if (sp.parallel) {
+                            const ScheduleParams &sp, LoopWork work = LoopWork::other) {
+    if (sp.parallel >= (work == LoopWork::projection ? 1 : 2)) {
         stage.parallel(var);
     }
 }
@@ -40,7 +45,9 @@ inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at
 }
 
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
-// tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k.
+// tiles, each accumulating proj_vectors x proj_rows outputs in registers over all of k. Calls
+// with fewer rows than a tile (a token, a decode step) get tiles of just 1, 2 or 4 rows: one
+// row in a tile of 12 would multiply the weights twelve times for one real result.
 inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
                                         const ScheduleParams &sp) {
     using namespace Halide;
@@ -51,17 +58,24 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     Var eo("eo"), ei("ei"), rb("rb"), ro("ro"), ri("ri"), t("t");
     Func tiles = p.result.in();
     // Tiles start on weight panel boundaries, so that each reads one panel with dense loads.
-    tiles.compute_root()
-        .align_bounds(v.e, contract::kWeightPanel)
-        .split(v.e, eo, ei, cols, whole)
-        .split(v.r, ro, ri, sp.proj_rows, whole)
-        .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)
-        .reorder(ei, ri, ro, eo, rb)
-        .fuse(eo, rb, t)
-        .vectorize(ei, sp.vector_lanes)
-        .unroll(ei)
-        .unroll(ri);
-    fork_over_cores(tiles, t, sp);
+    tiles.compute_root().align_bounds(v.e, contract::kWeightPanel);
+    const auto tile = [&](Stage stage, int rows) {
+        stage.split(v.e, eo, ei, cols, whole)
+            .split(v.r, ro, ri, rows, whole)
+            .split(ro, rb, ro, sp.proj_block_tiles, TailStrategy::GuardWithIf)
+            .reorder(ei, ri, ro, eo, rb)
+            .fuse(eo, rb, t)
+            .vectorize(ei, sp.vector_lanes)
+            .unroll(ei)
+            .unroll(ri);
+        fork_over_cores(stage, t, sp, LoopWork::projection);
+    };
+    for (int rows : {1, 2, 4}) {
+        if (rows < sp.proj_rows) {
+            tile(tiles.specialize(p.row_count <= rows), rows);
+        }
+    }
+    tile(tiles, sp.proj_rows);
     schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, p.k.x, sp.vector_lanes);
     return tiles;
 }
@@ -130,8 +144,9 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         .split(v.r, ro_copy, ri_copy, sp.proj_rows, whole)
         .vectorize(v.e, vec, guard);
     fork_over_cores(f.out_proj.rows, ro_copy, sp);
-    // With d known, each vector of the copy is a dense load from one head.
-    for (int head_dim : {64, 128}) {
+    // With d known, each vector of the copy is a dense load from one head (otherwise a gather
+    // through e / d, e % d): the head sizes of BERT-base/large, GPT-2 and LLaMA-style models.
+    for (int head_dim : {32, 64, 128}) {
         f.out_proj.rows.specialize(f.head_dim == head_dim);
     }
 

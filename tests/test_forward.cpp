@@ -110,6 +110,37 @@ TEST_P(ForwardShapes, WeightRowsSumToOne) {
 INSTANTIATE_TEST_SUITE_P(Awkward, ForwardShapes, ::testing::ValuesIn(kShapes),
                          [](const auto &info) { return std::string(info.param.name); });
 
+// Every projection row count from 1 to 17, and primes past it: the projections fit their
+// register tiles to calls with fewer rows than a tile (1, 2 or 4 rows), and a call's rows are
+// batch rows, query tokens or both. E = 40 (H = 5, d = 8) is not a multiple of any vector width.
+class TokenRowCounts : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(TokenRowCounts, BatchOfSingleTokensMatchesReference) {
+    const int64_t rows = GetParam();
+    expect_matches_reference(
+        mha::reference::random_problem({rows, 1, 1, 40, 5}, mha::testing::next_seed(), true),
+        false);
+}
+
+TEST_P(TokenRowCounts, OneSequenceMatchesReference) {
+    const int64_t rows = GetParam();
+    expect_matches_reference(
+        mha::reference::random_problem({1, rows, rows, 40, 5}, mha::testing::next_seed(), true),
+        true);
+}
+
+// Few queries against a context long enough for the medium bucket's kernels (65+ key rows),
+// whose query and output projections still see only `rows` rows.
+TEST_P(TokenRowCounts, FewQueriesAgainstALongContextMatchReference) {
+    const int64_t rows = GetParam();
+    expect_matches_reference(
+        mha::reference::random_problem({1, rows, 101, 40, 5}, mha::testing::next_seed()), false);
+}
+
+INSTANTIATE_TEST_SUITE_P(OneToSeventeenAndPrimes, TokenRowCounts,
+                         ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                           17, 23, 31, 67));
+
 // Both mask conventions at every broadcast shape.
 enum class MaskShape { sq_sk, key_padding, b1_sq_sk, full, per_query_row, keys_only };
 

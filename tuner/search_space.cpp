@@ -22,7 +22,7 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
                {"pv_vectors", vectors},
                {"pv_rows", {1, 2, 3, 4, 6, 8, 12}},
                {"materialize_weights", {0, 1}},
-               {"parallel", {0, 1}}};
+               {"parallel", {0, 1, 2}}};
 }
 
 bool SearchSpace::plausible(const cpu::ScheduleParams &p) const {

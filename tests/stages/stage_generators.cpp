@@ -29,7 +29,7 @@ public:
 
     void generate() {
         const Expr seq_len = x.dim(1).extent(), batch = x.dim(2).extent();
-        const Func rows = mha::token_rows(v_, x, seq_len, batch, "rows");
+        const mha::TokenRows rows = mha::token_rows(v_, x, seq_len, batch, "rows");
         const Func y_rows =
             mha::linear_projection(v_, rows, weight_t, bias, x.dim(0).extent(), "projection")
                 .result;

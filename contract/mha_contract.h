@@ -106,8 +106,11 @@ struct ProblemShape {
 };
 
 // CPU kernels are compiled (and tuned) per bucket of ProblemShape::token_rows(): a single
-// query against a long context is a large K/V GEMM, not a small one. GPU kernels serve any.
-enum class ShapeBucket { small, medium, large };
+// query against a long context is a large K/V GEMM, not a small one. One token row (a single
+// token's call, a batch-1 decode step) is its own bucket: weight-streaming, microseconds long,
+// where forking the small stages onto other cores may cost more than they take. GPU kernels
+// serve any.
+enum class ShapeBucket { token, small, medium, large };
 struct BucketSpec {
     ShapeBucket bucket;
     std::string_view name;
@@ -115,6 +118,7 @@ struct BucketSpec {
     ProblemShape tuning_shape;  // what mha-tune searches on
 };
 inline constexpr std::array kShapeBuckets = {
+    BucketSpec{ShapeBucket::token, "token", 1, {1, 1, 1, 384, 12}},
     BucketSpec{ShapeBucket::small, "small", 64, {2, 5, 5, 512, 8}},
     BucketSpec{ShapeBucket::medium, "medium", 1024, {4, 256, 256, 512, 8}},
     BucketSpec{

@@ -82,11 +82,11 @@ TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
 // The CPU kernels are tuned per bucket of the largest projection's token rows, B·max(Sq, Sk):
 // one query against a long context is a large K/V GEMM, not a small one.
 TEST(ShapeBuckets, ChosenByTheLargestProjection) {
-    const std::pair<Dims, const char *> cases[] = {{Dims{2, 5, 5, 16, 2}, "small"},
-                                                   {Dims{1, 1, 64, 16, 2}, "small"},
-                                                   {Dims{1, 1, 65, 16, 2}, "medium"},
-                                                   {Dims{3, 300, 7, 16, 2}, "medium"},
-                                                   {Dims{1, 1, 1025, 16, 2}, "large"}};
+    const std::pair<Dims, const char *> cases[] = {
+        {Dims{1, 1, 1, 16, 2}, "token"},   {Dims{2, 1, 1, 16, 2}, "small"},
+        {Dims{2, 5, 5, 16, 2}, "small"},   {Dims{1, 1, 64, 16, 2}, "small"},
+        {Dims{1, 1, 65, 16, 2}, "medium"}, {Dims{3, 300, 7, 16, 2}, "medium"},
+        {Dims{1, 1, 1025, 16, 2}, "large"}};
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     for (const auto &[d, bucket] : cases) {
         const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());

@@ -30,8 +30,9 @@ struct ScheduleParams {
     int pv_rows = 4;
     // 1: normalized softmax weights are computed per tile; 0: folded into weights·V.
     int materialize_weights = 1;
-    // Which loops run on every core: 2 all (tiles, heads, batch rows), 1 the projections' only,
-    // 0 none (waking the other cores costs microseconds, more than the smallest calls' work).
+    // Which loops run on every core: 2 all (tiles, heads, batch rows), 1 those that stream
+    // weights or a KV cache only (projections, a decode step's pass over the cache), 0 none
+    // (waking the other cores costs microseconds, more than the smallest calls' work).
     int parallel = 2;
 
     using Field = int ScheduleParams::*;

@@ -16,16 +16,17 @@
 
 namespace mha::cpu {
 
-// What a parallel loop computes, for the `parallel` tunable: projections stream weights, which
-// every core reading its share speeds up even for one token; the other stages of a small call
-// are too short to pay for waking the other cores.
-enum class LoopWork { projection, other };
+// What a parallel loop does, for the `parallel` tunable: streaming loops read weights or a KV
+// cache once (projections, a decode step's pass over the cache), which every core reading its
+// share speeds up even for one token; the other stages of a small call are too short to pay for
+// waking the other cores.
+enum class LoopWork { streaming, other };
 
 // Runs loop `var` of `stage` on the thread pool if the `parallel` tunable says so for its work:
-// 0 keeps the whole call on one core, 1 forks the projections only, 2 every stage.
+// 0 keeps the whole call on one core, 1 forks the streaming loops only, 2 every stage.
 inline void fork_over_cores(Halide::Stage stage, const Halide::VarOrRVar &var,
                             const ScheduleParams &sp, LoopWork work = LoopWork::other) {
-    if (sp.parallel >= (work == LoopWork::projection ? 1 : 2)) {
+    if (sp.parallel >= (work == LoopWork::streaming ? 1 : 2)) {
         stage.parallel(var);
     }
 }
@@ -68,7 +69,7 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
             .vectorize(ei, sp.vector_lanes)
             .unroll(ei)
             .unroll(ri);
-        fork_over_cores(stage, t, sp, LoopWork::projection);
+        fork_over_cores(stage, t, sp, LoopWork::streaming);
     };
     for (int rows : {1, 2, 4}) {
         if (rows < sp.proj_rows) {
@@ -252,8 +253,8 @@ inline void schedule_decode(DecodeStages &f, const ScheduleParams &sp) {
     // Heads and batch rows are separate parallel loops (see schedule_forward).
     Func context_tiles = f.context.result.in();
     context_tiles.compute_root().reorder(v.c, v.i, v.h, v.b).vectorize(v.c, vec, guard);
-    fork_over_cores(context_tiles, v.h, sp);
-    fork_over_cores(context_tiles, v.b, sp);
+    fork_over_cores(context_tiles, v.h, sp, LoopWork::streaming);
+    fork_over_cores(context_tiles, v.b, sp, LoopWork::streaming);
     f.context.result.compute_at(context_tiles, v.i).vectorize(v.c, vec, guard);
     f.context.result.update().reorder(v.c, f.context.j.x).vectorize(v.c, vec, guard);
     MaskedSoftmax &sm = f.softmax;

@@ -1,10 +1,12 @@
-// Google Benchmark: this project's forward pass and each stage over the sweep, against this
-// machine's practical ceiling (OpenBLAS sgemm 2048³) and a hand-written BLAS multi-head
-// attention, at 1 and 2 threads, all in one run. bench/compare.py adds PyTorch and the table.
+// Google Benchmark: this project's forward pass and each stage over the sweep, and its decode
+// steps over the decode sweep, against this machine's practical ceilings (OpenBLAS sgemm 2048³,
+// a streaming read) and a hand-written BLAS multi-head attention, at 1 and 2 threads.
+// bench/compare.py adds PyTorch and ONNX Runtime and the tables.
 //
-// Names: sgemm2048/threads:T, <system>/<shape>/weights:W/threads:T with system halide | blas,
-// and stage/<stage>/<shape>/threads:T. Counters: GFLOP/s and pct_sgemm (percent of the same
-// run's sgemm at the same thread count).
+// Names: sgemm2048/threads:T, stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
+// with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T and
+// stage/<stage>/<shape>/threads:T. Counters: GFLOP/s and pct_sgemm (percent of the same run's
+// sgemm at the same thread count); for decode steps and the streaming read, bytes and GB/s.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <fmt/format.h>

@@ -162,6 +162,22 @@ double median_ms(int repeats, Call &&call) {
     return ms[ms.size() / 2];
 }
 
+// The reference check's report: max |error| / max |reference| and relative L2 of the output,
+// and of the weights when they were returned.
+void print_errors(const std::vector<float> &output, const std::vector<double> &want_output,
+                  const std::vector<float> *weights = nullptr,
+                  const std::vector<double> *want_weights = nullptr) {
+    fmt::print("error against the double-precision reference (max |error| / max |reference|):\n");
+    fmt::print("  output  {:.2e}  (relative L2 {:.2e})\n",
+               mha::reference::max_relative_error(output, want_output),
+               mha::reference::relative_l2(output, want_output));
+    if (weights != nullptr) {
+        fmt::print("  weights {:.2e}  (relative L2 {:.2e})\n",
+                   mha::reference::max_relative_error(*weights, *want_weights),
+                   mha::reference::relative_l2(*weights, *want_weights));
+    }
+}
+
 int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given;
@@ -203,15 +219,10 @@ int run(const Options &o) {
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);
-        fmt::print(
-            "error against the double-precision reference (max |error| / max |reference|):\n");
-        fmt::print("  output  {:.2e}  (relative L2 {:.2e})\n",
-                   mha::reference::max_relative_error(output, want.output),
-                   mha::reference::relative_l2(output, want.output));
         if (o.return_weights) {
-            fmt::print("  weights {:.2e}  (relative L2 {:.2e})\n",
-                       mha::reference::max_relative_error(weights, want.weights),
-                       mha::reference::relative_l2(weights, want.weights));
+            print_errors(output, want.output, &weights, &want.weights);
+        } else {
+            print_errors(output, want.output);
         }
     }
 
@@ -263,12 +274,7 @@ int run_decode(const Options &o) {
     line("output", shape({B, 1, E}));
     step();
     if (o.check) {
-        const mha::reference::Result want = mha::reference::forward(problem);
-        fmt::print(
-            "error against the double-precision reference (max |error| / max |reference|):\n");
-        fmt::print("  output  {:.2e}  (relative L2 {:.2e})\n",
-                   mha::reference::max_relative_error(output, want.output),
-                   mha::reference::relative_l2(output, want.output));
+        print_errors(output, mha::reference::forward(problem).output);
     }
     const double median = median_ms(o.repeats, step);
     fmt::print("forward pass: median {:.4f} ms over {} runs, {:.0f} tokens/s\n", median, o.repeats,

@@ -263,9 +263,9 @@ cpu::TunedBucket tune_bucket(const TuneOptions &o, const BucketSpec &spec, Tunin
         for (const auto &[shape, gain] : verified) {
             worst_shape_gain = std::min(worst_shape_gain, gain);
         }
-        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise)) ||
-                          worst_shape_gain < 1 - 2 * comparison_noise;
-        if (worst_shape_gain < 1 - 2 * comparison_noise) {
+        const bool a_shape_loses = worst_shape_gain < 1 - 2 * comparison_noise;
+        t.kept_defaults = !(t.bucket_gain >= std::max(kMinGain, 1 + 2 * t.noise)) || a_shape_loses;
+        if (a_shape_loses) {
             fmt::print(stderr, "[{}] one of its shapes runs {:.2f}x the defaults\n", label,
                        worst_shape_gain);
         }

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "command_line.h"
@@ -24,7 +25,8 @@ using mha::reference::Dims;
 struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
-    std::string mask = "none";  // none, or a mask convention
+    std::string mask = "none";  // none, a mask convention, or additive
+    std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool check = true;
@@ -61,11 +63,25 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     for (mha::MaskConvention c : mha::contract::kMaskConventions) {
         masks.emplace_back(mha::contract::mask_convention_name(c));
     }
+    masks.emplace_back("additive");
     app.add_option("--mask", o.mask,
-                   "none | keep (0 = blocked) | block (nonzero = blocked), shape [B, 1, Sq, Sk]")
+                   "the seeds' mask, [B, 1, Sq, Sk]: none | keep (0 = blocked) | block (nonzero = "
+                   "blocked) | additive (0 or -1e9, added to the scores)")
         ->check(CLI::IsMember(masks))
         ->type_name("KIND")
         ->capture_default_str();
+    for (auto [flag, value, shape] :
+         {std::tuple{"--key-padding-mask", &o.key_padding_mask, "[B, Sk]"},
+          {"--attn-mask", &o.attn_mask, "[Sq, Sk]"}}) {
+        app.add_option(flag, *value,
+                       fmt::format("PyTorch's {}, {}: none | bool (True = blocked) | float "
+                                   "(added to the scores)",
+                                   flag + 2, shape))
+            ->check(CLI::IsMember({"none", "bool", "float"}))
+            ->type_name("KIND")
+            ->capture_default_str()
+            ->excludes(app.get_option("--mask"));
+    }
     std::vector<std::string> devices;
     for (mha::Device d : mha::contract::kDevices) {
         devices.emplace_back(mha::contract::device_name(d));
@@ -110,14 +126,13 @@ int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
                mha::dispatched_isa());
-    fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} arguments\n", "name", "device", "isa",
+    fmt::print("{:<66} {:<7} {:<7} {:<20} {:<8} {:<8} {:<5} arguments\n", "name", "device", "isa",
                "buckets", "mask", "qkv", "wts");
     for (const mha::KernelInfo &k : kernels) {
-        fmt::print("{:<52} {:<7} {:<7} {:<20} {:<6} {:<8} {:<5} {}\n", k.name,
+        fmt::print("{:<66} {:<7} {:<7} {:<20} {:<8} {:<8} {:<5} {}\n", k.name,
                    mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
-                   fmt::join(k.buckets, ","), k.masked ? "yes" : "no",
-                   k.fused_qkv ? "fused" : "separate", k.returns_weights ? "yes" : "no",
-                   fmt::join(k.arguments, ", "));
+                   fmt::join(k.buckets, ","), k.mask, k.fused_qkv ? "fused" : "separate",
+                   k.returns_weights ? "yes" : "no", fmt::join(k.arguments, ", "));
     }
     return 0;
 }
@@ -182,10 +197,21 @@ int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given;
     mha::reference::Problem problem = mha::reference::random_problem(d, o.seed, self);
-    if (o.mask != "none") {
+    if (o.mask == "additive") {
+        mha::reference::add_random_additive_mask(problem, {d.batch, 1, d.query_len, d.key_len},
+                                                 true, o.seed + 1);
+    } else if (o.mask != "none") {
         mha::reference::add_random_mask(
             problem, o.mask == "keep" ? mha::MaskConvention::keep : mha::MaskConvention::block,
             {d.batch, 1, d.query_len, d.key_len}, o.seed + 1);
+    }
+    if (o.key_padding_mask != "none") {
+        problem.key_padding_mask = mha::reference::random_torch_mask(
+            o.key_padding_mask == "bool", {d.batch, d.key_len}, o.seed + 2);
+    }
+    if (o.attn_mask != "none") {
+        problem.attn_mask = mha::reference::random_torch_mask(o.attn_mask == "bool",
+                                                              {d.query_len, d.key_len}, o.seed + 3);
     }
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
 
@@ -201,21 +227,22 @@ int run(const Options &o) {
     const auto forward = [&] {
         module.forward(mha::reference::query_view(problem), mha::reference::key_view(problem),
                        mha::reference::value_view(problem), output_view,
-                       mha::reference::mask_view(problem), weights_view);
+                       mha::reference::options_view(problem, weights_view));
     };
 
     fmt::print(
         "mha: {}-attention, batch {}, query length {}, key length {}, embed_dim {}, {} "
-        "heads of {}, mask {}, weights {}\n",
+        "heads of {}, mask {}, key_padding_mask {}, attn_mask {}, weights {}\n",
         self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads,
-        d.head_dim(), o.mask, o.return_weights ? "returned" : "not returned");
+        d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask,
+        o.return_weights ? "returned" : "not returned");
     print_dimension_flow(d);
 
     fmt::print(
         "kernel: {}\n",
         module.kernel_name(mha::reference::query_view(problem), mha::reference::key_view(problem),
-                           mha::reference::value_view(problem), mha::reference::mask_view(problem),
-                           o.return_weights));
+                           mha::reference::value_view(problem),
+                           mha::reference::options_view(problem, weights_view)));
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);

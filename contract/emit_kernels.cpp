@@ -58,7 +58,7 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
     if (v.op == KernelOp::qkv_projection) {
         return name;
     }
-    name += v.masked ? "_masked" : "_unmasked";
+    name += "_" + std::string(mask_kind_name(v.mask)) + "_mask";
     if (v.op == KernelOp::decode) {
         return name;
     }
@@ -72,7 +72,7 @@ std::string generator_name(KernelOp op) { return "mha_" + std::string(op_name(op
 std::string generator_params(const KernelVariant &v, const std::string &schedule) {
     std::string params;
     if (v.op != KernelOp::qkv_projection) {
-        params += " masked=" + bool_name(v.masked);
+        params += " mask_kind=" + std::string(mask_kind_name(v.mask));
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +
@@ -188,8 +188,9 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
 }
 
 std::string variant_initializer(const KernelVariant &v) {
-    return "{contract::KernelOp::" + std::string(op_name(v.op)) + ", " + bool_name(v.masked) +
-           ", " + bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
+    return "{contract::KernelOp::" + std::string(op_name(v.op)) +
+           ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
+           bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
 }
 
 std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {

@@ -1,7 +1,7 @@
 // The kernel contract: every fact that the build, the generators, the runtime, the tuner, the
 // tests and the benchmarks share, written once in plain C++ (no Halide):
 //   - the variant axes of the forward kernels (devices, CPU instruction sets, shape buckets,
-//     masked or not, weights returned or not, separate or fused QKV projection);
+//     the kind of mask, weights returned or not, separate or fused QKV projection);
 //   - which arguments each variant takes, in call order, with their names, types and ranks;
 //   - the layout of the prepacked weights;
 //   - the benchmark sweep.
@@ -187,16 +187,44 @@ constexpr std::string_view op_name(KernelOp op) {
     return "unknown";
 }
 
+// The mask a kernel reads. Every mask of the public API reaches a kernel as one of these, its
+// broadcasting as zero strides: the seeds' byte masks and PyTorch's boolean ones block
+// positions (their score becomes exactly -1e9, as in the seed); the TF article's mask·(-1e9),
+// BERT's extended attention mask and PyTorch's float masks are added to the scores.
+enum class MaskKind { none, bytes, additive };
+inline constexpr std::array kMaskKinds = {MaskKind::none, MaskKind::bytes, MaskKind::additive};
+
+constexpr std::string_view mask_kind_name(MaskKind kind) {
+    switch (kind) {
+    case MaskKind::none:
+        return "none";
+    case MaskKind::bytes:
+        return "bytes";
+    case MaskKind::additive:
+        return "additive";
+    }
+    return "unknown";
+}
+
+constexpr std::optional<MaskKind> mask_kind_named(std::string_view name) {
+    for (MaskKind kind : kMaskKinds) {
+        if (mask_kind_name(kind) == name) {
+            return kind;
+        }
+    }
+    return std::nullopt;
+}
+
 // What one kernel computes; each variant is compiled ahead of time for every device it runs on
 // (and, on the CPU, every instruction set and group of shape buckets).
 struct KernelVariant {
     KernelOp op = KernelOp::forward;
-    bool masked = false;  // takes a mask (either convention); for decode, over the cache
+    MaskKind mask = MaskKind::none;  // for decode, a key-padding mask over the cache
     bool returns_weights = false;
     bool fused_qkv = false;  // self-attention, query = key = value: one QKV projection
 
     constexpr bool operator==(const KernelVariant &o) const {
-        return op == o.op && masked == o.masked && returns_weights == o.returns_weights &&
+        return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv;
     }
     // Decode steps run on the CPU only.
@@ -205,21 +233,21 @@ struct KernelVariant {
     }
 };
 
-// Forward: masked or not x weights or not x separate or fused QKV. A decode step: one fused
-// QKV projection, and an attention masked (a key-padding mask over the cache) or not.
-inline constexpr std::array<KernelVariant, 11> kKernelVariants = [] {
-    std::array<KernelVariant, 11> all{};
+// Forward: every mask kind x weights or not x separate or fused QKV. A decode step: one fused
+// QKV projection, and an attention with a byte key-padding mask over the cache or none.
+inline constexpr std::array<KernelVariant, 15> kKernelVariants = [] {
+    std::array<KernelVariant, 15> all{};
     size_t n = 0;
-    for (bool masked : {false, true}) {
+    for (MaskKind mask : kMaskKinds) {
         for (bool weights : {false, true}) {
             for (bool fused : {false, true}) {
-                all[n++] = {KernelOp::forward, masked, weights, fused};
+                all[n++] = {KernelOp::forward, mask, weights, fused};
             }
         }
     }
-    all[n++] = {KernelOp::qkv_projection, false, false, true};
-    for (bool masked : {false, true}) {
-        all[n++] = {KernelOp::decode, masked, false, true};
+    all[n++] = {KernelOp::qkv_projection, MaskKind::none, false, true};
+    for (MaskKind mask : {MaskKind::none, MaskKind::bytes}) {
+        all[n++] = {KernelOp::decode, mask, false, true};
     }
     return all;
 }();
@@ -248,6 +276,7 @@ enum class ArgId {
     out_bias,
     mask,
     mask_blocks_nonzero,
+    additive_mask,
     // A decode step's.
     new_qkv,
     key_cache,
@@ -289,6 +318,8 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::mask, "mask", ArgKind::input_buffer, ElementType::u8, 4, "(j, i, h, b), broadcast"},
     {ArgId::mask_blocks_nonzero, "mask_blocks_nonzero", ArgKind::input_scalar, ElementType::i32, 0,
      "1: nonzero blocks (block), 0: zero blocks (keep)"},
+    {ArgId::additive_mask, "additive_mask", ArgKind::input_buffer, ElementType::f32, 4,
+     "(j, i, h, b), broadcast, added to the scores"},
     {ArgId::new_qkv, "new_qkv", ArgKind::input_buffer, ElementType::f32, 3,
      "(f, i, b): the new tokens' qkv_rows"},
     {ArgId::key_cache, "key_cache", ArgKind::input_buffer, ElementType::f32, 4,
@@ -335,7 +366,7 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
               ArgId::cached_lengths, ArgId::new_counts, ArgId::out_weight, ArgId::out_bias}) {
             list.push(id);
         }
-        if (v.masked) {
+        if (v.mask == MaskKind::bytes) {
             list.push(ArgId::cache_mask);
             list.push(ArgId::mask_blocks_nonzero);
         }
@@ -359,9 +390,11 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
     }
     list.push(ArgId::out_weight);
     list.push(ArgId::out_bias);
-    if (v.masked) {
+    if (v.mask == MaskKind::bytes) {
         list.push(ArgId::mask);
         list.push(ArgId::mask_blocks_nonzero);
+    } else if (v.mask == MaskKind::additive) {
+        list.push(ArgId::additive_mask);
     }
     list.push(ArgId::output);
     if (v.returns_weights) {

@@ -5,7 +5,8 @@
 // tiles, so that register tiles have constant sizes and no buffer is sized at run time inside a
 // hot loop. That is safe because every read past the end of real data is defined:
 //  - projections read token rows past the end as the last token (token_rows);
-//  - mask rows/columns are read through repeat-edge boundary conditions (the generator);
+//  - mask rows/columns (byte or additive) are read through repeat-edge boundary conditions (the
+//  generator);
 //  - the runtime pads each prepacked Wᵀ and bias with zero output features up to
 //    `padded_features(E, d)` (contract/mha_contract.h), which covers head and projection tiles that
 //    divide kMaxTile features;
@@ -38,8 +39,9 @@ struct ForwardInputs {
     Halide::Func out_weight_t, out_bias;
     Halide::Func mask;                 // (j, i, h, b) extended by repeat-edge, or undefined
     Halide::Expr mask_blocks_nonzero;  // the mask's convention (see masked_softmax)
-    // True when the mask's keys are dense (stride 1), so that a schedule can specialize its
-    // loads to vectors; undefined without a mask.
+    Halide::Func additive_mask;        // (j, i, h, b) added to the scores, or undefined
+    // True when the (byte or additive) mask's keys are dense (stride 1), so that a schedule can
+    // specialize its loads to vectors; undefined without a mask.
     Halide::Expr mask_keys_dense;
     bool weights_are_output = false;
     // Separate copies of the scores for the row max and row sum (see ScoreSources).
@@ -107,7 +109,8 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         sources.for_max = f.stat_scores[0].result;
         sources.for_sum = f.stat_scores[1].result;
     }
-    f.softmax = masked_softmax(v, sources, in.mask, in.mask_blocks_nonzero, in.num_keys);
+    f.softmax = masked_softmax(v, sources, {in.mask, in.mask_blocks_nonzero, in.additive_mask},
+                               in.num_keys);
     Func weights = f.softmax.weights;
     if (in.weights_are_output) {
         weights = Func("weights_clamped");

@@ -72,9 +72,19 @@ mha::cpu::ScheduleParams cpu_params(const Target &target, const std::string &ass
     return params;
 }
 
+// The contract's mask kinds by name, for the generators' `mask` param.
+std::map<std::string, mha::contract::MaskKind> mask_kinds_by_name() {
+    std::map<std::string, mha::contract::MaskKind> names;
+    for (mha::contract::MaskKind kind : mha::contract::kMaskKinds) {
+        names.emplace(mha::contract::mask_kind_name(kind), kind);
+    }
+    return names;
+}
+
 class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
-    GeneratorParam<bool> masked{"masked", false};
+    GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
+                                                      mask_kinds_by_name()};
     GeneratorParam<bool> return_weights{"return_weights", false};
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
@@ -89,7 +99,7 @@ public:
     GeneratorParam<int> est_heads{"est_heads", 8};
 
     mha::contract::KernelVariant variant() const {
-        return {mha::contract::KernelOp::forward, masked, return_weights, fused_qkv};
+        return {mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv};
     }
     void configure() { args_.declare(*this, variant()); }
 
@@ -121,14 +131,21 @@ public:
         }
         in.out_weight_t = mha::panel_view(input(ArgId::out_weight), "out_weight_t");
         in.out_bias = input(ArgId::out_bias);
-        if (masked) {
-            GeneratorInput<Buffer<>> &mask = input(ArgId::mask);
+        if (mask_kind != mha::contract::MaskKind::none) {
+            const bool bytes = mask_kind == mha::contract::MaskKind::bytes;
+            GeneratorInput<Buffer<>> &mask = input(bytes ? ArgId::mask : ArgId::additive_mask);
             // The mask may broadcast along any dimension through zero strides, keys included.
             mask.dim(0).set_stride(Expr());
             in.mask_keys_dense = mask.dim(0).stride() == 1;
             // Whole attention tiles may read past the last query and key: repeat the edge.
-            in.mask = BoundaryConditions::repeat_edge(mask, {{0, in.num_keys}, {0, in.query_len}});
-            in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
+            Func extended =
+                BoundaryConditions::repeat_edge(mask, {{0, in.num_keys}, {0, in.query_len}});
+            if (bytes) {
+                in.mask = extended;
+                in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
+            } else {
+                in.additive_mask = extended;
+            }
         }
         in.weights_are_output = return_weights;
         in.recompute_scores = get_target().has_gpu_feature();
@@ -172,6 +189,7 @@ private:
             {ArgId::qkv_weight, {{0, panel}, {0, E}, {0, 3 * P / panel}}},
             {ArgId::qkv_bias, {{0, 3 * P}}},
             {ArgId::mask, {{0, Sk}, {0, Sq}, {0, H}, {0, B}}},
+            {ArgId::additive_mask, {{0, Sk}, {0, Sq}, {0, H}, {0, B}}},
         };
         for (auto &[id, buffer] : args_.inputs()) {
             const auto known = estimates.find(id);
@@ -202,7 +220,8 @@ public:
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
-        args_.declare(*this, {mha::contract::KernelOp::qkv_projection, false, false, true});
+        args_.declare(*this, {mha::contract::KernelOp::qkv_projection,
+                              mha::contract::MaskKind::none, false, true});
     }
 
     void generate() {
@@ -231,11 +250,15 @@ private:
 // projection (generators/mha_decode.h).
 class DecodeAttention : public Generator<DecodeAttention> {
 public:
-    GeneratorParam<bool> masked{"masked", false};
+    GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
+                                                      mask_kinds_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
-        args_.declare(*this, {mha::contract::KernelOp::decode, masked, false, true});
+        if (mask_kind == mha::contract::MaskKind::additive) {
+            throw CompileError("decode kernels take a byte key-padding mask or none");
+        }
+        args_.declare(*this, {mha::contract::KernelOp::decode, mask_kind, false, true});
     }
 
     void generate() {
@@ -247,7 +270,7 @@ public:
         in.value_cache = args_.input(ArgId::value_cache);
         in.cached_lengths = args_.input(ArgId::cached_lengths);
         in.new_counts = args_.input(ArgId::new_counts);
-        if (masked) {
+        if (mask_kind == mha::contract::MaskKind::bytes) {
             in.cache_mask = args_.input(ArgId::cache_mask);
             in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
         }

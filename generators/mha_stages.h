@@ -115,23 +115,31 @@ struct ScoreSources {
     Halide::Func for_max, for_sum, for_weights;
 };
 
-// `mask` (undefined: no mask) blocks a position where its byte is nonzero when `blocks_nonzero`
-// (the TF article's 1 = blocked), where it is zero otherwise (the PyTorch article); the
-// convention is a run-time value, so one pipeline serves both. Broadcasting is done by the
-// caller's zero strides.
+// What masks the scores: `blocking` (undefined: none) blocks a position where its byte is
+// nonzero when `blocks_nonzero` (the TF article's 1 = blocked), where it is zero otherwise (the
+// PyTorch article), so one pipeline serves both conventions; `additive` (undefined: none) is
+// added to the scores (the TF article's mask·(-1e9) precomputed, PyTorch's float masks).
+// Broadcasting is done by the caller's zero strides.
+struct ScoreMasks {
+    Halide::Func blocking;
+    Halide::Expr blocks_nonzero;
+    Halide::Func additive;
+};
+
 inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scores,
-                                    const Halide::Func &mask, const Halide::Expr &blocks_nonzero,
-                                    const Halide::Expr &num_keys) {
+                                    const ScoreMasks &masks, const Halide::Expr &num_keys) {
     using namespace Halide;
     const auto masked_scores = [&](const Func &source, const std::string &name) {
         Func masked(name);
         Expr score = source(v.j, v.i, v.h, v.b);
-        if (!mask.defined()) {
-            masked(v.j, v.i, v.h, v.b) = score;
-        } else {
-            Expr blocked = (mask(v.j, v.i, v.h, v.b) != 0) == (blocks_nonzero != 0);
-            masked(v.j, v.i, v.h, v.b) = select(blocked, kMaskedScore, score);
+        if (masks.additive.defined()) {
+            score += masks.additive(v.j, v.i, v.h, v.b);
         }
+        if (masks.blocking.defined()) {
+            Expr blocked = (masks.blocking(v.j, v.i, v.h, v.b) != 0) == (masks.blocks_nonzero != 0);
+            score = select(blocked, kMaskedScore, score);
+        }
+        masked(v.j, v.i, v.h, v.b) = score;
         return masked;
     };
     MaskedSoftmax m{masked_scores(scores.for_weights, "masked_scores"),

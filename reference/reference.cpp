@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 namespace mha::reference {
@@ -63,6 +64,38 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
     }
 }
 
+void add_random_additive_mask(Problem &p, std::vector<int64_t> shape, bool only_0_or_minus_1e9,
+                              uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::bernoulli_distribution blocked(1.0 / 3.0);
+    std::uniform_real_distribution<float> value(-3.0f, 1.0f);
+    p.additive_shape = std::move(shape);
+    p.additive.resize(product(p.additive_shape));
+    for (float &a : p.additive) {
+        a = only_0_or_minus_1e9 ? (blocked(rng) ? -1e9f : 0.0f) : value(rng);
+    }
+}
+
+TorchMask random_torch_mask(bool is_bool, std::vector<int64_t> shape, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::bernoulli_distribution blocked(1.0 / 3.0);
+    std::uniform_real_distribution<float> value(-3.0f, 1.0f);
+    TorchMask m{is_bool, std::move(shape), {}, {}};
+    const int64_t n = product(m.shape), keys = m.shape.back();
+    if (is_bool) {
+        m.bools.resize(n);
+        for (int64_t e = 0; e < n; e++) {
+            m.bools[e] = e % keys != 0 && blocked(rng);
+        }
+    } else {
+        m.floats.resize(n);
+        for (float &f : m.floats) {
+            f = value(rng);
+        }
+    }
+    return m;
+}
+
 std::array<Linear, 4> linears(const Problem &p) {
     const int64_t E = p.dims.embed_dim;
     std::array<Linear, 4> lin;
@@ -88,7 +121,8 @@ Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with
         weights = MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
     module.forward(query_view(p), key_view(p), value_view(p),
-                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}}, mask_view(p), weights);
+                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
+                   options_view(p, weights));
     return r;
 }
 
@@ -108,6 +142,27 @@ std::optional<Mask> mask_view(const Problem &p) {
         return std::nullopt;
     }
     return Mask{{p.mask.data(), p.mask_shape}, *p.mask_convention};
+}
+ForwardOptions options_view(const Problem &p, const std::optional<MutableTensor> &weights) {
+    ForwardOptions o;
+    o.mask = mask_view(p);
+    if (!p.additive_shape.empty()) {
+        o.additive_mask = Tensor{p.additive.data(), p.additive_shape};
+    }
+    const auto torch_view = [](const TorchMask &m) -> MaskTensor {
+        if (m.is_bool) {
+            return BoolTensor{m.bools.data(), m.shape};
+        }
+        return Tensor{m.floats.data(), m.shape};
+    };
+    if (p.key_padding_mask) {
+        o.key_padding_mask = torch_view(*p.key_padding_mask);
+    }
+    if (p.attn_mask) {
+        o.attn_mask = torch_view(*p.attn_mask);
+    }
+    o.weights = weights;
+    return o;
 }
 
 std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E,
@@ -170,24 +225,24 @@ std::vector<double> scaled_scores(const std::vector<double> &q, const std::vecto
     return scores;
 }
 
-bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shape,
-                const std::vector<uint8_t> &mask, int64_t b, int64_t h, int64_t i, int64_t j) {
-    // Right-aligned broadcasting: a size-1 dimension reads index 0.
+namespace {
+
+// Element (b, h, i, j) of a tensor whose shape broadcasts to [B, H, Sq, Sk], right-aligned: a
+// size-1 dimension reads index 0.
+int64_t broadcast_index(const std::vector<int64_t> &shape, int64_t b, int64_t h, int64_t i,
+                        int64_t j) {
     const int64_t index4[4] = {b, h, i, j};
-    const size_t offset = 4 - mask_shape.size();
+    const size_t offset = 4 - shape.size();
     int64_t flat = 0;
-    for (size_t d = 0; d < mask_shape.size(); d++) {
-        const int64_t idx = mask_shape[d] == 1 ? 0 : index4[offset + d];
-        flat = flat * mask_shape[d] + idx;
+    for (size_t d = 0; d < shape.size(); d++) {
+        flat = flat * shape[d] + (shape[d] == 1 ? 0 : index4[offset + d]);
     }
-    const bool nonzero = mask[flat] != 0;
-    return convention == MaskConvention::keep ? !nonzero : nonzero;
+    return flat;
 }
 
-std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
-                                   const std::optional<MaskConvention> &convention,
-                                   const std::vector<int64_t> &mask_shape,
-                                   const std::vector<uint8_t> &mask) {
+// The softmax over keys of each row of scores [B, H, Sq, Sk], after `mask` (b, h, i, j).
+template <typename MaskAt>
+std::vector<double> softmax_rows(const std::vector<double> &scores, const Dims &dims, MaskAt mask) {
     const int64_t Sq = dims.query_len, Sk = dims.key_len;
     std::vector<double> weights(scores.size());
     std::vector<double> row(Sk);
@@ -196,9 +251,8 @@ std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims
             for (int64_t i = 0; i < Sq; i++) {
                 const int64_t base = ((b * dims.num_heads + h) * Sq + i) * Sk;
                 for (int64_t j = 0; j < Sk; j++) {
-                    const bool blocked =
-                        convention && is_blocked(*convention, mask_shape, mask, b, h, i, j);
-                    row[j] = blocked ? -1e9 : scores[base + j];
+                    const ScoreMask m = mask(b, h, i, j);
+                    row[j] = m.blocked ? -1e9 : scores[base + j] + m.added;
                 }
                 const double max = *std::max_element(row.begin(), row.end());
                 double sum = 0;
@@ -211,6 +265,63 @@ std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims
                 }
             }
     return weights;
+}
+
+}  // namespace
+
+bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shape,
+                const std::vector<uint8_t> &mask, int64_t b, int64_t h, int64_t i, int64_t j) {
+    const bool nonzero = mask[broadcast_index(mask_shape, b, h, i, j)] != 0;
+    return convention == MaskConvention::keep ? !nonzero : nonzero;
+}
+
+ScoreMask score_mask(const Problem &p, int64_t b, int64_t h, int64_t i, int64_t j) {
+    ScoreMask m;
+    if (p.mask_convention) {
+        m.blocked = is_blocked(*p.mask_convention, p.mask_shape, p.mask, b, h, i, j);
+    }
+    if (!p.additive_shape.empty()) {
+        m.added += p.additive[broadcast_index(p.additive_shape, b, h, i, j)];
+    }
+    // PyTorch's masks: a boolean True blocks; combined with a float mask it is -inf, added.
+    const Dims &d = p.dims;
+    const bool any_float = (p.key_padding_mask && !p.key_padding_mask->is_bool) ||
+                           (p.attn_mask && !p.attn_mask->is_bool);
+    const auto apply = [&](const TorchMask &t, int64_t flat) {
+        if (!t.is_bool) {
+            m.added += t.floats[flat];
+        } else if (t.bools[flat] != 0) {
+            if (any_float) {
+                m.added += -std::numeric_limits<double>::infinity();
+            } else {
+                m.blocked = true;
+            }
+        }
+    };
+    if (p.key_padding_mask) {
+        apply(*p.key_padding_mask, b * d.key_len + j);
+    }
+    if (p.attn_mask) {
+        const bool per_head = p.attn_mask->shape.size() == 3;
+        apply(*p.attn_mask,
+              ((per_head ? b * d.num_heads + h : 0) * d.query_len + i) * d.key_len + j);
+    }
+    return m;
+}
+
+std::vector<double> masked_softmax(const std::vector<double> &scores, const Problem &p) {
+    return softmax_rows(scores, p.dims, [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+        return score_mask(p, b, h, i, j);
+    });
+}
+
+std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
+                                   const std::optional<MaskConvention> &convention,
+                                   const std::vector<int64_t> &mask_shape,
+                                   const std::vector<uint8_t> &mask) {
+    return softmax_rows(scores, dims, [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+        return ScoreMask{convention && is_blocked(*convention, mask_shape, mask, b, h, i, j), 0};
+    });
 }
 
 std::vector<double> attend_values(const std::vector<double> &weights, const std::vector<double> &v,
@@ -235,7 +346,7 @@ Result forward(const Problem &p) {
     const auto scores =
         scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d), B * H, Sq, Sk, d);
     Result r;
-    r.weights = masked_softmax(scores, m, p.mask_convention, p.mask_shape, p.mask);
+    r.weights = masked_softmax(scores, p);
     const auto context = attend_values(r.weights, split_heads(v, B, Sk, H, d), B * H, Sq, Sk, d);
     r.output = linear(merge_heads(context, B, Sq, H, d), B * Sq, E, p.weight[3], p.bias[3]);
     return r;

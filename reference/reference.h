@@ -15,7 +15,17 @@ namespace mha::reference {
 
 using Dims = contract::ProblemShape;
 
-// One problem: inputs, the four nn.Linear layers, and an optional mask.
+// One of PyTorch's mask arguments: boolean (nonzero = True = blocked) or float (added), in
+// PyTorch's shape: key_padding_mask [B, Sk], attn_mask [Sq, Sk] or [B·H, Sq, Sk].
+struct TorchMask {
+    bool is_bool = true;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bools;
+    std::vector<float> floats;
+};
+
+// One problem: inputs, the four nn.Linear layers, and optional masks of one family (see
+// mha::ForwardOptions).
 struct Problem {
     Dims dims;
     bool self_attention = false;           // key and value views show `query` itself
@@ -25,6 +35,9 @@ struct Problem {
     std::optional<MaskConvention> mask_convention;
     std::vector<int64_t> mask_shape;  // broadcasts to [B, H, Sq, Sk]
     std::vector<uint8_t> mask;
+    std::vector<int64_t> additive_shape;  // broadcasts to [B, H, Sq, Sk]; empty: none
+    std::vector<float> additive;
+    std::optional<TorchMask> key_padding_mask, attn_mask;
 };
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
@@ -35,6 +48,14 @@ Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = fa
 void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t> shape,
                      uint64_t seed);
 
+// Adds a random additive mask of `shape` (broadcasting to [B, H, Sq, Sk]): 0 or -1e9 as the TF
+// article's mask·(-1e9) gives, or any finite float.
+void add_random_additive_mask(Problem &p, std::vector<int64_t> shape, bool only_0_or_minus_1e9,
+                              uint64_t seed);
+// A random PyTorch mask of `shape`: booleans about a third True, or finite floats; key 0 is
+// never True, so that a float mask combined with it never makes a row -inf everywhere.
+TorchMask random_torch_mask(bool is_bool, std::vector<int64_t> shape, uint64_t seed);
+
 // The library's views of a problem's tensors.
 std::array<Linear, 4> linears(const Problem &p);  // q, k, v, out
 MultiHeadAttention make_module(const Problem &p, Device device = Device::cpu);
@@ -42,6 +63,9 @@ Tensor query_view(const Problem &p);
 Tensor key_view(const Problem &p);
 Tensor value_view(const Problem &p);
 std::optional<Mask> mask_view(const Problem &p);
+// Every mask of the problem, and `weights` when given.
+ForwardOptions options_view(const Problem &p,
+                            const std::optional<MutableTensor> &weights = std::nullopt);
 
 // What `module` computes for `p`: output [B, Sq, E] and, when requested, weights [B, H, Sq, Sk]
 // (empty otherwise); buffers start as NaN so that anything left unwritten shows.
@@ -62,7 +86,16 @@ std::vector<double> merge_heads(const std::vector<double> &x, int64_t B, int64_t
 // [B, H, Sq, d] x [B, H, Sk, d] -> [B, H, Sq, Sk], divided by sqrt(d).
 std::vector<double> scaled_scores(const std::vector<double> &q, const std::vector<double> &k,
                                   int64_t BH, int64_t Sq, int64_t Sk, int64_t d);
-// Blocked positions (mask broadcast to [B, H, Sq, Sk]) get -1e9, then softmax over keys.
+// What a problem's masks do to score (b, h, i, j), by their documented semantics
+// (mha::ForwardOptions): a blocked score becomes -1e9; otherwise `added` is added to it.
+struct ScoreMask {
+    bool blocked = false;
+    double added = 0;
+};
+ScoreMask score_mask(const Problem &p, int64_t b, int64_t h, int64_t i, int64_t j);
+// Softmax over keys of the scores [B, H, Sq, Sk] masked by `p`'s masks.
+std::vector<double> masked_softmax(const std::vector<double> &scores, const Problem &p);
+// The same with only a byte mask broadcast to [B, H, Sq, Sk].
 std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
                                    const std::optional<MaskConvention> &convention,
                                    const std::vector<int64_t> &mask_shape,

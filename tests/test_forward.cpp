@@ -141,14 +141,14 @@ INSTANTIATE_TEST_SUITE_P(OneToSeventeenAndPrimes, TokenRowCounts,
                          ::testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16,
                                            17, 23, 31, 67));
 
-// Both mask conventions at every broadcast shape.
+// Both mask conventions at every broadcast shape (a seed mask has four dimensions).
 enum class MaskShape { sq_sk, key_padding, b1_sq_sk, full, per_query_row, keys_only };
 
 // The mask's own shape, which broadcasts to [B, H, Sq, Sk].
 std::vector<int64_t> mask_shape(MaskShape shape, const Dims &d) {
     switch (shape) {
     case MaskShape::sq_sk:
-        return {d.query_len, d.key_len};
+        return {1, 1, d.query_len, d.key_len};
     case MaskShape::key_padding:
         return {d.batch, 1, 1, d.key_len};
     case MaskShape::b1_sq_sk:
@@ -156,9 +156,9 @@ std::vector<int64_t> mask_shape(MaskShape shape, const Dims &d) {
     case MaskShape::full:
         return {d.batch, d.num_heads, d.query_len, d.key_len};
     case MaskShape::per_query_row:
-        return {d.query_len, 1};
+        return {1, 1, d.query_len, 1};
     case MaskShape::keys_only:
-        return {d.key_len};
+        return {1, 1, 1, d.key_len};
     }
     return {};
 }
@@ -218,7 +218,7 @@ TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
     const Dims d{2, 4, 7, 12, 3};
     for (MaskConvention convention : {MaskConvention::keep, MaskConvention::block}) {
         Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-        mha::reference::add_random_mask(p, convention, {d.query_len, d.key_len},
+        mha::reference::add_random_mask(p, convention, {1, 1, d.query_len, d.key_len},
                                         mha::testing::next_seed());
         const uint8_t blocked = convention == MaskConvention::keep ? 0 : 1;
         for (int64_t j = 0; j < d.key_len; j++) {
@@ -252,7 +252,7 @@ TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
             p.bias[l] = shared.bias[l];
         }
         if (t % 2 == 1) {
-            mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len},
+            mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
                                             mha::testing::next_seed());
         }
         problems.push_back(std::move(p));

@@ -9,6 +9,7 @@
 
 #include "HalideBuffer.h"
 #include "HalideRuntimeOpenCL.h"
+#include "mask_setups.h"
 #include "reference.h"
 #include "test_seed.h"
 
@@ -83,10 +84,26 @@ TEST_P(OpenClCases, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
                          [](const auto &info) { return std::string(info.param.name); });
 
+// Every mask family and combination (tests/mask_setups.h), cross- and self-attention.
+class OpenClMasks : public OpenCl, public ::testing::WithParamInterface<mha::testing::MaskSetup> {};
+
+TEST_P(OpenClMasks, MatchReference) {
+    for (const Dims &d : {Dims{2, 5, 7, 12, 3}, Dims{2, 6, 6, 8, 1}}) {
+        const bool self = d.query_len == d.key_len;
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+        mha::testing::apply_masks(GetParam(), p, mha::testing::next_seed());
+        const auto module = mha::reference::make_module(p, Device::opencl);
+        expect_matches_reference(p, mha::reference::run_module(module, p, self), self);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(PoCL, OpenClMasks, ::testing::ValuesIn(mha::testing::kMaskSetups),
+                         [](const auto &info) { return std::string(info.param.name); });
+
 TEST_F(OpenCl, FullyMaskedRowIsUniformAndFinite) {
     const Dims d{1, 3, 6, 8, 2};
     Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    mha::reference::add_random_mask(p, MaskConvention::keep, {d.query_len, d.key_len},
+    mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
                                     mha::testing::next_seed());
     for (int64_t j = 0; j < d.key_len; j++) {
         p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key

@@ -13,17 +13,4 @@ HostBuffer view_buffer(const void *data, halide_type_t type, int rank, const int
     return HostBuffer(type, const_cast<void *>(data), rank, dims.data());
 }
 
-HostBuffer mask_buffer(const Mask &mask, const std::vector<int64_t> &full) {
-    const std::vector<int64_t> &shape = mask.values.shape;
-    std::array<int64_t, kMaxRank> strides{};
-    const size_t offset = full.size() - shape.size();
-    int64_t stride = 1;
-    for (size_t d = shape.size(); d-- > 0;) {
-        strides[offset + d] = shape[d] == 1 ? 0 : stride;
-        stride *= shape[d];
-    }
-    return view_buffer(mask.values.data, halide_type_of<uint8_t>(), int(full.size()), full.data(),
-                       strides.data());
-}
-
 }  // namespace mha::detail

@@ -43,7 +43,4 @@ HostBuffer dense_buffer(const TensorView<T> &t) {
                        strides.data());
 }
 
-// A mask as a [B, H, Sq, Sk] (= `full`) buffer: broadcast dimensions get stride 0.
-HostBuffer mask_buffer(const Mask &mask, const std::vector<int64_t> &full);
-
 }  // namespace mha::detail

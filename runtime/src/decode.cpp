@@ -157,8 +157,8 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
             values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
         }
     }
-    const contract::KernelVariant projection{contract::KernelOp::qkv_projection, false, false,
-                                             true};
+    const contract::KernelVariant projection{contract::KernelOp::qkv_projection,
+                                             contract::MaskKind::none, false, true};
     detail::call_kernel(detail::decode_kernel(projection, B * n), context, values);
 
     // Their keys and values, appended to each row.
@@ -208,8 +208,9 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
         values[size_t(ArgId::cache_mask)] = mask.raw_buffer();
         values[size_t(ArgId::mask_blocks_nonzero)] = &blocks_nonzero;
     }
-    const contract::KernelVariant attention{contract::KernelOp::decode, key_padding.has_value(),
-                                            false, true};
+    const contract::KernelVariant attention{
+        contract::KernelOp::decode,
+        key_padding ? contract::MaskKind::bytes : contract::MaskKind::none, false, true};
     detail::call_kernel(detail::decode_kernel(attention, B * n), context, values);
     for (int64_t b = 0; b < B; b++) {
         c.lengths[b] += c.new_counts[b];

@@ -50,7 +50,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.device,
                             kernel.isa >= 0 ? std::string(contract::kCpuIsas[kernel.isa].name) : "",
                             {},
-                            kernel.variant.masked,
+                            std::string(contract::mask_kind_name(kernel.variant.mask)),
                             kernel.variant.returns_weights,
                             kernel.variant.fused_qkv,
                             {}};

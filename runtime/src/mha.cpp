@@ -12,6 +12,7 @@
 #include "device.h"
 #include "halide_calls.h"
 #include "kernel_table.h"
+#include "masks.h"
 #include "packed_weights.h"
 
 namespace mha {
@@ -23,27 +24,6 @@ using detail::check_tensor;
 using detail::check_view;
 using detail::kMaxBufferBytes;
 using detail::shape_string;
-
-void check_mask(const Mask &mask, const std::vector<int64_t> &full) {
-    static const char *const kDimNames[] = {"batch", "num_heads", "query length", "key length"};
-    const auto &shape = mask.values.shape;
-    if (shape.empty() || shape.size() > full.size()) {
-        throw Error(fmt::format(
-            "mask has shape {} but must have 1 to 4 dimensions broadcasting to [B, H, Sq, Sk] = {}",
-            shape_string(shape), shape_string(full)));
-    }
-    const size_t offset = full.size() - shape.size();
-    for (size_t d = 0; d < shape.size(); d++) {
-        if (shape[d] != 1 && shape[d] != full[offset + d]) {
-            throw Error(fmt::format(
-                "mask has shape {} which does not broadcast to [B, H, Sq, Sk] = {}: dimension {} "
-                "is {}, but {} is {}",
-                shape_string(shape), shape_string(full), d, shape[d], kDimNames[offset + d],
-                full[offset + d]));
-        }
-    }
-    check_data("mask", mask.values);
-}
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
 
@@ -62,7 +42,8 @@ const detail::KernelComponent *component_for(Device device) {
 // What one call runs, after its arguments are checked.
 struct MultiHeadAttention::Call {
     const detail::CompiledKernel *kernel;
-    std::vector<int64_t> weights_shape;  // [B, H, Sq, Sk]
+    std::array<int64_t, 4> weights_shape;  // [B, H, Sq, Sk]
+    detail::KernelMask mask;
 };
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
@@ -104,8 +85,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
 
 MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
                                                      const Tensor &value,
-                                                     const std::optional<Mask> &mask,
-                                                     bool with_weights) const {
+                                                     const ForwardOptions &options) const {
     const char *layout = "[batch, sequence, embed_dim]";
     check_view("query", query, 3, layout);
     check_view("key", key, 3, layout);
@@ -125,24 +105,22 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     if (value.shape[1] != Sk) {
         throw Error(fmt::format("key has {} rows but value has {}", Sk, value.shape[1]));
     }
+    Call call{nullptr, {B, H, Sq, Sk}, {}};
+    call.mask = detail::resolve_masks(options, call.weights_shape);
     if (device_ == Device::cpu) {
         for (const auto &[name, handle] : {std::pair{"query", query.device_handle},
                                            {"key", key.device_handle},
                                            {"value", value.device_handle},
-                                           {"mask", mask ? mask->values.device_handle : 0}}) {
+                                           {"a mask", call.mask.device_handle}}) {
             if (handle != 0) {
                 throw Error(
                     fmt::format("{} has a device_handle but the module runs on the cpu", name));
             }
         }
     }
-    Call call{nullptr, {B, H, Sq, Sk}};
     contract::KernelVariant variant;
-    if (mask) {
-        check_mask(*mask, call.weights_shape);
-        variant.masked = true;
-    }
-    variant.returns_weights = with_weights;
+    variant.mask = call.mask.kind;
+    variant.returns_weights = options.weights.has_value();
     // Self-attention on one tensor takes the fused QKV projection.
     variant.fused_qkv = query.data == key.data && query.data == value.data &&
                         query.device_handle == key.device_handle &&
@@ -159,15 +137,24 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
 }
 
 std::string MultiHeadAttention::kernel_name(const Tensor &query, const Tensor &key,
-                                            const Tensor &value, const std::optional<Mask> &mask,
-                                            bool with_weights) const {
-    return std::string(prepare(query, key, value, mask, with_weights).kernel->name);
+                                            const Tensor &value,
+                                            const ForwardOptions &options) const {
+    return std::string(prepare(query, key, value, options).kernel->name);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const MutableTensor &output, const std::optional<Mask> &mask,
                                  const std::optional<MutableTensor> &weights) const {
-    const Call call = prepare(query, key, value, mask, weights.has_value());
+    ForwardOptions options;
+    options.mask = mask;
+    options.weights = weights;
+    forward(query, key, value, output, options);
+}
+
+void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
+                                 const MutableTensor &output, const ForwardOptions &options) const {
+    const std::optional<MutableTensor> &weights = options.weights;
+    const Call call = prepare(query, key, value, options);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     check_tensor("output", output, std::array{B, Sq, E});
     if (weights) {
@@ -188,15 +175,19 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     detail::HostBuffer q = detail::dense_buffer(query), k = detail::dense_buffer(key);
     detail::HostBuffer v = detail::dense_buffer(value), out = detail::dense_buffer(output);
     detail::HostBuffer mask_buffer, weights_buffer;
+    std::vector<uint8_t> combined_bytes;
+    std::vector<float> combined_floats;
     detail::ArgValues values{};
     values[size_t(ArgId::query)] = q.raw_buffer();
     values[size_t(ArgId::key)] = k.raw_buffer();
     values[size_t(ArgId::value)] = v.raw_buffer();
     values[size_t(ArgId::output)] = out.raw_buffer();
-    int32_t mask_blocks_nonzero = mask && mask->convention == MaskConvention::block;
-    if (mask) {
-        mask_buffer = detail::mask_buffer(*mask, call.weights_shape);
-        values[size_t(ArgId::mask)] = mask_buffer.raw_buffer();
+    int32_t mask_blocks_nonzero = call.mask.blocks_nonzero;
+    if (call.mask.kind != contract::MaskKind::none) {
+        mask_buffer = detail::kernel_mask_buffer(call.mask, options, call.weights_shape,
+                                                 combined_bytes, combined_floats);
+        const bool bytes = call.mask.kind == contract::MaskKind::bytes;
+        values[size_t(bytes ? ArgId::mask : ArgId::additive_mask)] = mask_buffer.raw_buffer();
         values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;
     }
     if (weights) {
@@ -220,9 +211,8 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
             detail::place_on_device(k, key.device_handle, true, component, context);
             detail::place_on_device(v, value.device_handle, true, component, context);
         }
-        if (mask) {
-            detail::place_on_device(mask_buffer, mask->values.device_handle, true, component,
-                                    context);
+        if (call.mask.kind != contract::MaskKind::none) {
+            detail::place_on_device(mask_buffer, call.mask.device_handle, true, component, context);
         }
         detail::place_on_device(out, output.device_handle, false, component, context);
         if (weights) {

@@ -84,15 +84,13 @@ public:
         }
     }
     void generate() {
-        Func mask_func;
-        Expr convention;
+        mha::ScoreMasks masks;
         if (mask) {
             mask->dim(0).set_stride(Expr());  // broadcast over keys too
-            mask_func = *mask;
-            convention = *blocks_nonzero;
+            masks.blocking = *mask;
+            masks.blocks_nonzero = *blocks_nonzero;
         }
-        softmax_ = mha::masked_softmax(v_, {scores, scores, scores}, mask_func, convention,
-                                       scores.dim(0).extent());
+        softmax_ = mha::masked_softmax(v_, {scores, scores, scores}, masks, scores.dim(0).extent());
         weights = softmax_.weights;
     }
     void schedule() {

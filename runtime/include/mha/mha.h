@@ -3,8 +3,10 @@
 // Semantics are those of torch.nn.MultiheadAttention without dropout (the seed's PyTorch module):
 //   Q = query·Wqᵀ + bq, K = key·Wkᵀ + bk, V = value·Wvᵀ + bv          [B, S, E]
 //   split into H heads of d = E / H                                     [B, H, S, d]
-//   scores = Q·Kᵀ / sqrt(d); blocked positions set to exactly -1e9      [B, H, Sq, Sk]
-//   weights = softmax over keys (row max subtracted; a fully masked row is uniform, never NaN)
+//   scores = Q·Kᵀ / sqrt(d), plus any float mask; blocked positions     [B, H, Sq, Sk]
+//            set to exactly -1e9 (see ForwardOptions for the masks)
+//   weights = softmax over keys (row max subtracted; a row whose every key a byte or boolean
+//             mask blocks is uniform, never NaN)
 //   context = weights·V, heads merged back                               [B, Sq, E]
 //   output = context·Woᵀ + bo                                            [B, Sq, E]
 //
@@ -18,6 +20,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace mha {
@@ -55,11 +58,42 @@ enum class MaskConvention {
     block,  // nonzero = blocked, 0 = attend (TF article: logits += mask * -1e9)
 };
 
-// A mask whose shape broadcasts (NumPy rules, aligned on the right) to [B, H, Sq, Sk]:
-// e.g. [Sq, Sk], [B, 1, 1, Sk] (key padding), [B, 1, Sq, Sk], [B, H, Sq, Sk].
+// A byte mask of the seeds, in either convention. In a forward call it has four dimensions, each
+// 1 (broadcast) or the full extent of [B, H, Sq, Sk]: [B, 1, 1, Sk] (key padding),
+// [1, 1, Sq, Sk], [B, 1, Sq, Sk], [B, H, Sq, Sk]. A decode step's key padding is [B, capacity].
 struct Mask {
     TensorView<const uint8_t> values;
     MaskConvention convention = MaskConvention::keep;
+};
+
+// One of PyTorch's mask arguments (torch.nn.MultiheadAttention.forward): boolean, one byte per
+// element, nonzero = True = the position is blocked; or float, added to the scores.
+using BoolTensor = TensorView<const uint8_t>;
+using MaskTensor = std::variant<BoolTensor, Tensor>;
+
+// What a forward call may take besides its inputs and output. Masks come in two families that a
+// call does not mix: the seeds' (`mask` or `additive_mask`) and PyTorch's (`key_padding_mask`,
+// `attn_mask`, or both, which combine as in PyTorch: blocked where either blocks, floats added).
+//
+// | argument | shape | element | a position is |
+// |---|---|---|---|
+// | mask | 4-D, broadcast | byte, keep or block convention | blocked: score = -1e9 |
+// | additive_mask | 4-D, broadcast | float | score + value |
+// | key_padding_mask | [B, Sk] | bool (True = padding) or float | blocked, or score + value |
+// | attn_mask | [Sq, Sk] or [B·H, Sq, Sk] | bool (True = blocked) or float | same |
+//
+// A blocked score is exactly -1e9, as in the seed, so a row that every key blocks gets uniform
+// weights; PyTorch blocks with -inf and gives NaN there. Float masks are added as given: -inf
+// weighs a key exactly 0, and a row that is -inf everywhere gives NaN, as in PyTorch. When a
+// boolean and a float PyTorch mask combine, True becomes -inf, as PyTorch converts it.
+// Four-dimensional seed masks keep a [B, Sk] key padding from broadcasting as [Sq, Sk].
+struct ForwardOptions {
+    std::optional<Mask> mask;
+    std::optional<Tensor> additive_mask;  // e.g. the TF article's mask·(-1e9), BERT's extended mask
+    std::optional<MaskTensor> key_padding_mask;
+    std::optional<MaskTensor> attn_mask;
+    // When given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
+    std::optional<MutableTensor> weights;
 };
 
 // One nn.Linear(E, E): weight [E, E] in [out, in] layout, bias [E] or none (zero).
@@ -110,9 +144,12 @@ public:
     int64_t num_heads() const { return num_heads_; }
     int64_t head_dim() const { return embed_dim_ / num_heads_; }
 
-    // query [B, Sq, E], key and value [B, Sk, E] -> output [B, Sq, E] and, when `weights` is
-    // given, the attention weights [B, H, Sq, Sk] (per head, not averaged). On a GPU, host
-    // tensors are copied in and out; device tensors (device_handle) are used in place.
+    // query [B, Sq, E], key and value [B, Sk, E] -> output [B, Sq, E] and, when asked, the
+    // attention weights (see ForwardOptions). On a GPU, host tensors are copied in and out;
+    // device tensors (device_handle) are used in place.
+    void forward(const Tensor &query, const Tensor &key, const Tensor &value,
+                 const MutableTensor &output, const ForwardOptions &options) const;
+    // The seed's call: forward(query, key, value, mask) returning the weights as well.
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
@@ -135,13 +172,12 @@ public:
     // The name of the kernel forward() runs for these arguments (see linked_kernels()); the
     // arguments are checked as forward() checks them.
     std::string kernel_name(const Tensor &query, const Tensor &key, const Tensor &value,
-                            const std::optional<Mask> &mask = std::nullopt,
-                            bool with_weights = false) const;
+                            const ForwardOptions &options = {}) const;
 
 private:
     struct Call;
     Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
-                 const std::optional<Mask> &mask, bool with_weights) const;
+                 const ForwardOptions &options) const;
 
     int64_t embed_dim_;
     int64_t num_heads_;
@@ -159,12 +195,12 @@ std::string dispatched_isa();
 
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
-    std::string name;  // e.g. mha_forward_cpu_avx512_small_masked_fused_weights
+    std::string name;  // e.g. mha_forward_cpu_avx512_small_bytes_mask_fused_weights
     std::string op;    // forward | qkv_projection | decode
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
-    bool masked;                       // takes a mask (either convention)
+    std::string mask;  // the mask it takes: none, bytes (either convention) or additive
     bool returns_weights;
     bool fused_qkv;
     std::vector<std::string> arguments;  // in call order, after the user_context

@@ -1,0 +1,38 @@
+// The masks of a forward call (ForwardOptions), checked and reduced to the one mask a kernel
+// reads: a byte or float view broadcast to [B, H, Sq, Sk] by its strides, or, when PyTorch's
+// key_padding_mask and attn_mask come together, their combination made by the runtime.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "buffers.h"
+#include "mha/mha.h"
+#include "mha_contract.h"
+
+namespace mha::detail {
+
+struct KernelMask {
+    contract::MaskKind kind = contract::MaskKind::none;
+    int32_t blocks_nonzero = 0;  // the byte mask's convention: 1 = nonzero blocks
+    // The view the kernel reads, [B, H, Sq, Sk] by strides (0 = broadcast)...
+    const void *data = nullptr;
+    uint64_t device_handle = 0;
+    std::array<int64_t, kMaxRank> strides{};
+    // ...unless two of PyTorch's masks combine: then the runtime writes them into one tensor.
+    bool combined = false;
+};
+
+// Checks `options`' masks against [B, H, Sq, Sk] = `full` and says what the kernel reads. Throws
+// mha::Error naming a bad mask, or masks that must not come together.
+KernelMask resolve_masks(const ForwardOptions &options, const std::array<int64_t, 4> &full);
+
+// The buffer a kernel reads for `mask`, the combination written into `combined_bytes` or
+// `combined_floats` when there is one.
+HostBuffer kernel_mask_buffer(const KernelMask &mask, const ForwardOptions &options,
+                              const std::array<int64_t, 4> &full,
+                              std::vector<uint8_t> &combined_bytes,
+                              std::vector<float> &combined_floats);
+
+}  // namespace mha::detail

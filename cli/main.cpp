@@ -27,6 +27,7 @@ struct Options {
     bool key_len_given = false;
     std::string mask = "none";  // none, a mask convention, or additive
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
+    mha::Causal causal = mha::Causal::none;
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool check = true;
@@ -35,6 +36,14 @@ struct Options {
     bool list_kernels = false;
     bool decode = false;
 };
+
+std::map<std::string, mha::Causal> causal_by_name() {
+    std::map<std::string, mha::Causal> names;
+    for (mha::Causal c : mha::contract::kCausalAlignments) {
+        names.emplace(mha::contract::causal_name(c), c);
+    }
+    return names;
+}
 
 // The command line; nullopt when the program should exit with `exit_code`.
 std::optional<Options> parse(int argc, char **argv, int &exit_code) {
@@ -82,6 +91,13 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
             ->capture_default_str()
             ->excludes(app.get_option("--mask"));
     }
+    app.add_option(
+           "--causal", o.causal,
+           "none | top_left (j <= i, PyTorch's is_causal) | bottom_right (j <= i + Sk - Sq, "
+           "FlashAttention's)")
+        ->transform(CLI::CheckedTransformer(causal_by_name()))
+        ->type_name("ALIGNMENT")
+        ->default_str("none");
     std::vector<std::string> devices;
     for (mha::Device d : mha::contract::kDevices) {
         devices.emplace_back(mha::contract::device_name(d));
@@ -213,6 +229,7 @@ int run(const Options &o) {
         problem.attn_mask = mha::reference::random_torch_mask(o.attn_mask == "bool",
                                                               {d.query_len, d.key_len}, o.seed + 3);
     }
+    problem.causal = o.causal;
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
 
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
@@ -232,9 +249,9 @@ int run(const Options &o) {
 
     fmt::print(
         "mha: {}-attention, batch {}, query length {}, key length {}, embed_dim {}, {} "
-        "heads of {}, mask {}, key_padding_mask {}, attn_mask {}, weights {}\n",
+        "heads of {}, mask {}, key_padding_mask {}, attn_mask {}, causal {}, weights {}\n",
         self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads,
-        d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask,
+        d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask, mha::contract::causal_name(o.causal),
         o.return_weights ? "returned" : "not returned");
     print_dimension_flow(d);
 

@@ -62,7 +62,8 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
     if (v.op == KernelOp::decode) {
         return name;
     }
-    return name + (v.fused_qkv ? "_fused" : "_separate") + (v.returns_weights ? "_weights" : "");
+    return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
+           (v.returns_weights ? "_weights" : "");
 }
 
 // The generator of each op (generators/mha_generators.cpp).
@@ -76,7 +77,7 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +
-                  " fused_qkv=" + bool_name(v.fused_qkv);
+                  " fused_qkv=" + bool_name(v.fused_qkv) + " causal=" + bool_name(v.causal);
     }
     if (!schedule.empty()) {
         params += " \"schedule=" + schedule + "\"";
@@ -190,7 +191,8 @@ std::string cmake_rows(const std::vector<KernelRow> &rows, bool gpu) {
 std::string variant_initializer(const KernelVariant &v) {
     return "{contract::KernelOp::" + std::string(op_name(v.op)) +
            ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
-           bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + "}";
+           bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
+           bool_name(v.causal) + "}";
 }
 
 std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {

@@ -1,7 +1,8 @@
 // The kernel contract: every fact that the build, the generators, the runtime, the tuner, the
 // tests and the benchmarks share, written once in plain C++ (no Halide):
 //   - the variant axes of the forward kernels (devices, CPU instruction sets, shape buckets,
-//     the kind of mask, weights returned or not, separate or fused QKV projection);
+//     the kind of mask, causal or not, weights returned or not, separate or fused QKV
+//     projection);
 //   - which arguments each variant takes, in call order, with their names, types and ranks;
 //   - the layout of the prepacked weights;
 //   - the benchmark sweep.
@@ -167,6 +168,22 @@ constexpr std::string_view mask_convention_name(MaskConvention convention) {
 }
 inline constexpr std::array kMaskConventions = {MaskConvention::keep, MaskConvention::block};
 
+// The causal alignments of the public API, by name: what `mha --causal` takes. One causal
+// kernel serves both (its causal_offset argument says which).
+constexpr std::string_view causal_name(Causal causal) {
+    switch (causal) {
+    case Causal::none:
+        return "none";
+    case Causal::top_left:
+        return "top_left";
+    case Causal::bottom_right:
+        return "bottom_right";
+    }
+    return "unknown";
+}
+inline constexpr std::array kCausalAlignments = {Causal::none, Causal::top_left,
+                                                 Causal::bottom_right};
+
 // What a kernel does.
 enum class KernelOp {
     forward,         // the whole pass, torch.nn.MultiheadAttention's forward
@@ -222,10 +239,14 @@ struct KernelVariant {
     MaskKind mask = MaskKind::none;  // for decode, a key-padding mask over the cache
     bool returns_weights = false;
     bool fused_qkv = false;  // self-attention, query = key = value: one QKV projection
+    // Query i sees keys j <= i + causal_offset only (a run-time argument: PyTorch's top-left
+    // alignment and FlashAttention's bottom-right are offsets of one kernel); the key tiles past
+    // a query tile's last visible key are never computed.
+    bool causal = false;
 
     constexpr bool operator==(const KernelVariant &o) const {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
-               fused_qkv == o.fused_qkv;
+               fused_qkv == o.fused_qkv && causal == o.causal;
     }
     // Decode steps run on the CPU only.
     constexpr bool runs_on(Device device) const {
@@ -233,15 +254,18 @@ struct KernelVariant {
     }
 };
 
-// Forward: every mask kind x weights or not x separate or fused QKV. A decode step: one fused
-// QKV projection, and an attention with a byte key-padding mask over the cache or none.
-inline constexpr std::array<KernelVariant, 15> kKernelVariants = [] {
-    std::array<KernelVariant, 15> all{};
+// Forward: every mask kind x weights or not x separate or fused QKV x causal or not. A decode
+// step (causal within its new tokens by definition): one fused QKV projection, and an attention
+// with a byte key-padding mask over the cache or none.
+inline constexpr std::array<KernelVariant, 27> kKernelVariants = [] {
+    std::array<KernelVariant, 27> all{};
     size_t n = 0;
     for (MaskKind mask : kMaskKinds) {
         for (bool weights : {false, true}) {
             for (bool fused : {false, true}) {
-                all[n++] = {KernelOp::forward, mask, weights, fused};
+                for (bool causal : {false, true}) {
+                    all[n++] = {KernelOp::forward, mask, weights, fused, causal};
+                }
             }
         }
     }
@@ -277,6 +301,7 @@ enum class ArgId {
     mask,
     mask_blocks_nonzero,
     additive_mask,
+    causal_offset,
     // A decode step's.
     new_qkv,
     key_cache,
@@ -320,6 +345,8 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
      "1: nonzero blocks (block), 0: zero blocks (keep)"},
     {ArgId::additive_mask, "additive_mask", ArgKind::input_buffer, ElementType::f32, 4,
      "(j, i, h, b), broadcast, added to the scores"},
+    {ArgId::causal_offset, "causal_offset", ArgKind::input_scalar, ElementType::i32, 0,
+     "query i sees keys j <= i + causal_offset"},
     {ArgId::new_qkv, "new_qkv", ArgKind::input_buffer, ElementType::f32, 3,
      "(f, i, b): the new tokens' qkv_rows"},
     {ArgId::key_cache, "key_cache", ArgKind::input_buffer, ElementType::f32, 4,
@@ -395,6 +422,9 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         list.push(ArgId::mask_blocks_nonzero);
     } else if (v.mask == MaskKind::additive) {
         list.push(ArgId::additive_mask);
+    }
+    if (v.causal) {
+        list.push(ArgId::causal_offset);
     }
     list.push(ArgId::output);
     if (v.returns_weights) {

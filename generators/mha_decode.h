@@ -61,8 +61,8 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     }
     Func blocked("blocked");
     blocked(v.j, v.i, v.h, v.b) = cast<uint8_t>(in_row && hidden);
-    f.softmax =
-        masked_softmax(v, {scores, scores, scores}, {blocked, Expr(1), Func()}, in.num_keys);
+    f.softmax = masked_softmax(v, {scores, scores, scores}, {blocked, Expr(1), Func(), Expr()},
+                               in.num_keys);
     f.context = attend_values(v, f.softmax.weights, f.v_heads, in.num_keys);
     f.merged = merge_heads(v, f.context.result, in.head_dim);
     f.out_proj =

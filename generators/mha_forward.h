@@ -40,6 +40,9 @@ struct ForwardInputs {
     Halide::Func mask;                 // (j, i, h, b) extended by repeat-edge, or undefined
     Halide::Expr mask_blocks_nonzero;  // the mask's convention (see masked_softmax)
     Halide::Func additive_mask;        // (j, i, h, b) added to the scores, or undefined
+    Halide::Expr causal_offset;        // query i sees keys j <= i + causal_offset, or undefined
+    int causal_key_block = 1;          // see ScoreMasks::key_block
+    int causal_query_block = 1;        // see CausalBlocks
     // True when the (byte or additive) mask's keys are dense (stride 1), so that a schedule can
     // specialize its loads to vectors; undefined without a mask.
     Halide::Expr mask_keys_dense;
@@ -109,16 +112,29 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         sources.for_max = f.stat_scores[0].result;
         sources.for_sum = f.stat_scores[1].result;
     }
-    f.softmax = masked_softmax(v, sources, {in.mask, in.mask_blocks_nonzero, in.additive_mask},
-                               in.num_keys);
+    Halide::Expr visible_keys;
+    CausalBlocks causal{Func(), in.causal_key_block, in.causal_query_block};
+    if (in.causal_offset.defined()) {
+        causal.visible_keys = Func("visible_keys");
+        causal.visible_keys(v.i) = Halide::clamp(v.i + in.causal_offset + 1, 0, in.num_keys);
+        visible_keys = causal.visible_keys(v.i);
+    }
+    f.softmax = masked_softmax(
+        v, sources,
+        {in.mask, in.mask_blocks_nonzero, in.additive_mask, visible_keys, in.causal_key_block},
+        in.num_keys);
     Func weights = f.softmax.weights;
     if (in.weights_are_output) {
+        // The output read back: only inside its bounds, and 0 past the last key for the causal
+        // reduction's whole blocks.
         weights = Func("weights_clamped");
+        Halide::Expr read = f.softmax.weights(Halide::clamp(v.j, 0, in.num_keys - 1),
+                                              Halide::clamp(v.i, 0, in.query_len - 1), v.h, v.b);
         weights(v.j, v.i, v.h, v.b) =
-            f.softmax.weights(v.j, Halide::clamp(v.i, 0, in.query_len - 1), v.h, v.b);
+            visible_keys.defined() ? Halide::select(v.j < visible_keys, read, 0.0f) : read;
     }
     f.weights_for_values = weights;
-    f.context = attend_values(v, weights, f.v_heads, in.num_keys);
+    f.context = attend_values(v, weights, f.v_heads, in.num_keys, causal);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = linear_projection(v, token_rows(v, f.merged, Sq, B, "merged_rows"),
                                    in.out_weight_t, in.out_bias, in.embed_dim, "out_proj");

@@ -88,6 +88,7 @@ public:
     GeneratorParam<bool> return_weights{"return_weights", false};
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
+    GeneratorParam<bool> causal{"causal", false};
     // CPU schedule parameters, "name:value,..." (schedules/cpu_params.h); the hand-written
     // defaults of the target's instruction set where empty.
     GeneratorParam<std::string> schedule_params{"schedule", ""};
@@ -99,7 +100,7 @@ public:
     GeneratorParam<int> est_heads{"est_heads", 8};
 
     mha::contract::KernelVariant variant() const {
-        return {mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv};
+        return {mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv, causal};
     }
     void configure() { args_.declare(*this, variant()); }
 
@@ -145,6 +146,15 @@ public:
                 in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
             } else {
                 in.additive_mask = extended;
+            }
+        }
+        if (causal) {
+            in.causal_offset = args_.scalar(ArgId::causal_offset);
+            // CPU schedules vectorize the row reductions across a block of one vector's keys and
+            // compute weights·V in register tiles of pv_rows queries.
+            if (!get_target().has_gpu_feature()) {
+                in.causal_key_block = get_target().natural_vector_size<float>();
+                in.causal_query_block = cpu_params(get_target(), schedule_params).pv_rows;
             }
         }
         in.weights_are_output = return_weights;
@@ -202,6 +212,9 @@ private:
             }
         }
         args_.scalar_input(ArgId::head_dim).set_estimate(d);
+        if (causal) {
+            args_.scalar_input(ArgId::causal_offset).set_estimate(Sk - Sq);
+        }
         args_.output(ArgId::output).set_estimates({{0, E}, {0, Sq}, {0, B}});
         if (return_weights) {
             args_.output(ArgId::weights).set_estimates({{0, Sk}, {0, Sq}, {0, H}, {0, B}});

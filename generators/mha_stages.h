@@ -107,6 +107,7 @@ struct MaskedSoftmax {
     Halide::Func inv_sum;  // 1 / row_sum
     Halide::Func weights;  // exps * inv_sum
     Halide::RDom max_j, sum_j;
+    bool causal = false;  // the reductions stop at each query's visible keys (see ScoreMasks)
 };
 
 // The scores each part of the softmax reads: the same function, or equal copies that a schedule
@@ -120,10 +121,19 @@ struct ScoreSources {
 // PyTorch article), so one pipeline serves both conventions; `additive` (undefined: none) is
 // added to the scores (the TF article's mask·(-1e9) precomputed, PyTorch's float masks).
 // Broadcasting is done by the caller's zero strides.
+// `visible_keys` (undefined: all), an expression of the query position v.i, limits query i to
+// keys j < visible_keys: the causal order. The softmax's and weights·V's reductions stop there
+// (predicated, so that bounds inference never asks for the scores of hidden keys), and hidden
+// keys weigh exactly 0; a query that sees no key gets weights 0 and a zero context. The row
+// reductions then run over blocks of `key_block` keys, the blocks past the last visible key
+// skipped whole: a schedule vectorizes across a block (rfactor) while the loop over blocks still
+// stops where the row does.
 struct ScoreMasks {
     Halide::Func blocking;
     Halide::Expr blocks_nonzero;
     Halide::Func additive;
+    Halide::Expr visible_keys;
+    int key_block = 1;
 };
 
 inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scores,
@@ -150,13 +160,36 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
                     Func("masked_softmax"),
                     RDom(0, num_keys, "max_j"),
                     RDom(0, num_keys, "sum_j")};
+    // The key each reduction reads, and whether a query sees it.
+    Expr max_key = m.max_j.x, sum_key = m.sum_j.x, max_visible = true, sum_visible = true;
+    if (masks.visible_keys.defined()) {
+        m.causal = true;
+        const int block = masks.key_block;
+        const Expr blocks = (num_keys + block - 1) / block;
+        m.max_j = RDom({{0, blocks}, {0, block}}, "max_j");
+        m.sum_j = RDom({{0, blocks}, {0, block}}, "sum_j");
+        m.max_j.where(m.max_j.x < (masks.visible_keys + block - 1) / block);
+        m.sum_j.where(m.sum_j.x < (masks.visible_keys + block - 1) / block);
+        max_key = m.max_j.x * block + m.max_j.y;
+        sum_key = m.sum_j.x * block + m.sum_j.y;
+        max_visible = max_key < masks.visible_keys;
+        sum_visible = sum_key < masks.visible_keys;
+        // Read clamped to the last visible key, so that bounds inference asks for no score past
+        // it (a predicate on a block bound does not narrow the region it asks for; one on the
+        // key itself does).
+        if (block > 1) {
+            max_key = min(max_key, max(masks.visible_keys - 1, 0));
+            sum_key = min(sum_key, max(masks.visible_keys - 1, 0));
+        }
+    }
     const bool shared = scores.for_max.name() == scores.for_weights.name();
     const Func masked_for_max = shared ? m.masked : masked_scores(scores.for_max, "masked_for_max");
     const Func masked_for_sum = shared ? m.masked : masked_scores(scores.for_sum, "masked_for_sum");
     // The row reductions are explicit updates, so that schedules can vectorize them (rfactor).
     m.row_max(v.i, v.h, v.b) = Float(32).min();
     m.row_max(v.i, v.h, v.b) =
-        max(m.row_max(v.i, v.h, v.b), masked_for_max(m.max_j, v.i, v.h, v.b));
+        max(m.row_max(v.i, v.h, v.b),
+            select(max_visible, masked_for_max(max_key, v.i, v.h, v.b), Float(32).min()));
     m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     Func exps_for_sum = m.exps;
     if (!shared) {
@@ -165,9 +198,13 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
             exp(masked_for_sum(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     }
     m.row_sum(v.i, v.h, v.b) = 0.0f;
-    m.row_sum(v.i, v.h, v.b) += exps_for_sum(m.sum_j, v.i, v.h, v.b);
+    m.row_sum(v.i, v.h, v.b) += select(sum_visible, exps_for_sum(sum_key, v.i, v.h, v.b), 0.0f);
     m.inv_sum(v.i, v.h, v.b) = 1.0f / m.row_sum(v.i, v.h, v.b);
-    m.weights(v.j, v.i, v.h, v.b) = m.exps(v.j, v.i, v.h, v.b) * m.inv_sum(v.i, v.h, v.b);
+    Expr weight = m.exps(v.j, v.i, v.h, v.b) * m.inv_sum(v.i, v.h, v.b);
+    if (masks.visible_keys.defined()) {
+        weight = select(v.j < masks.visible_keys, weight, 0.0f);
+    }
+    m.weights(v.j, v.i, v.h, v.b) = weight;
     return m;
 }
 
@@ -176,11 +213,32 @@ struct AttendValues {
     Halide::Func result;
     Halide::RDom j;
 };
+// Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
+// ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
+// `key_block` keys up to the block's last row's last visible key, one bound for the whole row
+// block (visibility grows with i), which a schedule with tiles of whole row blocks turns into a
+// loop bound. `weights` must be 0 for every hidden key up to a whole key block past the last
+// visible one.
+struct CausalBlocks {
+    Halide::Func visible_keys;  // (i), or undefined: not causal
+    int key_block = 1, query_block = 1;
+};
 inline AttendValues attend_values(const StageVars &v, const Halide::Func &weights,
-                                  const Halide::Func &v_heads, const Halide::Expr &num_keys) {
+                                  const Halide::Func &v_heads, const Halide::Expr &num_keys,
+                                  const CausalBlocks &causal = {}) {
     AttendValues a{Halide::Func("attend_values"), Halide::RDom(0, num_keys, "values_j")};
+    Halide::Expr key = a.j.x;
+    if (causal.visible_keys.defined()) {
+        const int kb = causal.key_block, qb = causal.query_block;
+        a.j = Halide::RDom({{0, (num_keys + kb - 1) / kb}, {0, kb}}, "values_j");
+        const Halide::Expr blocks = (causal.visible_keys(v.i / qb * qb + qb - 1) + kb - 1) / kb;
+        a.j.where(a.j.x < blocks);
+        // Clamped to the last block, which the predicate already ensures: bounds inference then
+        // asks for no weight past it (see masked_softmax).
+        key = kb > 1 ? Halide::min(a.j.x * kb + a.j.y, Halide::max(blocks * kb - 1, 0)) : a.j.x;
+    }
     a.result(v.c, v.i, v.h, v.b) = 0.0f;
-    a.result(v.c, v.i, v.h, v.b) += weights(a.j, v.i, v.h, v.b) * v_heads(v.c, a.j, v.h, v.b);
+    a.result(v.c, v.i, v.h, v.b) += weights(key, v.i, v.h, v.b) * v_heads(v.c, key, v.h, v.b);
     return a;
 }
 

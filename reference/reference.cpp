@@ -161,6 +161,7 @@ ForwardOptions options_view(const Problem &p, const std::optional<MutableTensor>
     if (p.attn_mask) {
         o.attn_mask = torch_view(*p.attn_mask);
     }
+    o.causal = p.causal;
     o.weights = weights;
     return o;
 }
@@ -240,27 +241,33 @@ int64_t broadcast_index(const std::vector<int64_t> &shape, int64_t b, int64_t h,
     return flat;
 }
 
-// The softmax over keys of each row of scores [B, H, Sq, Sk], after `mask` (b, h, i, j).
-template <typename MaskAt>
-std::vector<double> softmax_rows(const std::vector<double> &scores, const Dims &dims, MaskAt mask) {
+// The softmax of each row of scores [B, H, Sq, Sk] over the first visible(i) keys, after `mask`
+// (b, h, i, j); keys past those weigh 0.
+template <typename MaskAt, typename Visible>
+std::vector<double> softmax_rows(const std::vector<double> &scores, const Dims &dims, MaskAt mask,
+                                 Visible visible) {
     const int64_t Sq = dims.query_len, Sk = dims.key_len;
-    std::vector<double> weights(scores.size());
+    std::vector<double> weights(scores.size(), 0.0);
     std::vector<double> row(Sk);
     for (int64_t b = 0; b < dims.batch; b++)
         for (int64_t h = 0; h < dims.num_heads; h++)
             for (int64_t i = 0; i < Sq; i++) {
                 const int64_t base = ((b * dims.num_heads + h) * Sq + i) * Sk;
-                for (int64_t j = 0; j < Sk; j++) {
+                const int64_t keys = visible(i);
+                if (keys == 0) {
+                    continue;
+                }
+                for (int64_t j = 0; j < keys; j++) {
                     const ScoreMask m = mask(b, h, i, j);
                     row[j] = m.blocked ? -1e9 : scores[base + j] + m.added;
                 }
-                const double max = *std::max_element(row.begin(), row.end());
+                const double max = *std::max_element(row.begin(), row.begin() + keys);
                 double sum = 0;
-                for (int64_t j = 0; j < Sk; j++) {
+                for (int64_t j = 0; j < keys; j++) {
                     row[j] = std::exp(row[j] - max);
                     sum += row[j];
                 }
-                for (int64_t j = 0; j < Sk; j++) {
+                for (int64_t j = 0; j < keys; j++) {
                     weights[base + j] = row[j] / sum;
                 }
             }
@@ -309,19 +316,37 @@ ScoreMask score_mask(const Problem &p, int64_t b, int64_t h, int64_t i, int64_t 
     return m;
 }
 
+int64_t visible_keys(const Problem &p, int64_t i) {
+    const int64_t Sk = p.dims.key_len;
+    switch (p.causal) {
+    case Causal::none:
+        return Sk;
+    case Causal::top_left:
+        return std::min(i + 1, Sk);
+    case Causal::bottom_right:
+        return std::clamp<int64_t>(i + 1 + Sk - p.dims.query_len, 0, Sk);
+    }
+    return Sk;
+}
+
 std::vector<double> masked_softmax(const std::vector<double> &scores, const Problem &p) {
-    return softmax_rows(scores, p.dims, [&](int64_t b, int64_t h, int64_t i, int64_t j) {
-        return score_mask(p, b, h, i, j);
-    });
+    return softmax_rows(
+        scores, p.dims,
+        [&](int64_t b, int64_t h, int64_t i, int64_t j) { return score_mask(p, b, h, i, j); },
+        [&](int64_t i) { return visible_keys(p, i); });
 }
 
 std::vector<double> masked_softmax(const std::vector<double> &scores, const Dims &dims,
                                    const std::optional<MaskConvention> &convention,
                                    const std::vector<int64_t> &mask_shape,
                                    const std::vector<uint8_t> &mask) {
-    return softmax_rows(scores, dims, [&](int64_t b, int64_t h, int64_t i, int64_t j) {
-        return ScoreMask{convention && is_blocked(*convention, mask_shape, mask, b, h, i, j), 0};
-    });
+    return softmax_rows(
+        scores, dims,
+        [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+            return ScoreMask{convention && is_blocked(*convention, mask_shape, mask, b, h, i, j),
+                             0};
+        },
+        [&](int64_t) { return dims.key_len; });
 }
 
 std::vector<double> attend_values(const std::vector<double> &weights, const std::vector<double> &v,

@@ -38,6 +38,7 @@ struct Problem {
     std::vector<int64_t> additive_shape;  // broadcasts to [B, H, Sq, Sk]; empty: none
     std::vector<float> additive;
     std::optional<TorchMask> key_padding_mask, attn_mask;
+    Causal causal = Causal::none;
 };
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
@@ -93,6 +94,8 @@ struct ScoreMask {
     double added = 0;
 };
 ScoreMask score_mask(const Problem &p, int64_t b, int64_t h, int64_t i, int64_t j);
+// How many keys query i sees in the problem's causal order (all without one).
+int64_t visible_keys(const Problem &p, int64_t i);
 // Softmax over keys of the scores [B, H, Sq, Sk] masked by `p`'s masks.
 std::vector<double> masked_softmax(const std::vector<double> &scores, const Problem &p);
 // The same with only a byte mask broadcast to [B, H, Sq, Sk].

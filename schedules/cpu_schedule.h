@@ -8,6 +8,7 @@
 #pragma once
 
 #include <utility>
+#include <vector>
 
 #include "Halide.h"
 #include "cpu_params.h"
@@ -32,17 +33,20 @@ inline void fork_over_cores(Halide::Stage stage, const Halide::VarOrRVar &var,
 }
 
 // An accumulator computed whole inside one register tile at `at`: both definitions vectorized
-// along `cols` and unrolled along `rows`, the update's reduction `k` outside the tile.
+// along `cols` and unrolled along `rows`, the update's reduction variables `k` (innermost first)
+// outside the tile.
 inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at,
                                    const Halide::Var &cols, const Halide::Var &rows,
-                                   const Halide::RVar &k, int vec) {
+                                   const std::vector<Halide::RVar> &k, int vec) {
     using Halide::MemoryType;
     acc.compute_at(at)
         .store_in(MemoryType::Register)
         .vectorize(cols, vec)
         .unroll(cols)
         .unroll(rows);
-    acc.update().reorder(cols, rows, k).vectorize(cols, vec).unroll(cols).unroll(rows);
+    std::vector<Halide::VarOrRVar> order = {cols, rows};
+    order.insert(order.end(), k.begin(), k.end());
+    acc.update().reorder(order).vectorize(cols, vec).unroll(cols).unroll(rows);
 }
 
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
@@ -77,7 +81,7 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
         }
     }
     tile(tiles, sp.proj_rows);
-    schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, p.k.x, sp.vector_lanes);
+    schedule_register_tile(p.result, LoopLevel(tiles, ro), v.e, v.r, {p.k.x}, sp.vector_lanes);
     return tiles;
 }
 
@@ -103,12 +107,16 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
         .vectorize(ji, vec)
         .unroll(ji)
         .unroll(qii);
-    schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, scores.c.x, vec);
+    schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {scores.c.x}, vec);
     for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
         RVar rjo("rjo"), rji("rji");
         Var lane("lane");
         row.store_at(owner, task_loop).compute_at(owner, tile_loop);
-        Func partial = row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
+        // Causal rows reduce over blocks of one vector's keys (ScoreMasks::key_block), whose
+        // lanes become the partial results: split here instead, the visibility predicate would
+        // guard every lane and keep the loop over every key.
+        Func partial = sm.causal ? row.update().rfactor(r.y, lane)
+                                 : row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
         partial.compute_at(owner, tile_loop).reorder_storage(lane, v.i, v.h, v.b).vectorize(lane);
         partial.update().vectorize(lane);
     }
@@ -195,8 +203,12 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     for (const Var &task : {iop, v.h, v.b}) {
         fork_over_cores(context_tiles, task, sp);
     }
-    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i, f.context.j.x,
-                           vec);
+    // Causal: the keys of one block (j.y) inside the block loop (j.x), whose bound is the row
+    // tile's (CausalBlocks).
+    const std::vector<RVar> keys = f.softmax.causal
+                                       ? std::vector<RVar>{f.context.j.y, f.context.j.x}
+                                       : std::vector<RVar>{f.context.j.x};
+    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
 
     // Scores and softmax live in tile buffers allocated once per task: per attention tile of
     // weights·V, or per row block of the weights output when the caller asked for the weights.

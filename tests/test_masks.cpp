@@ -49,6 +49,80 @@ INSTANTIATE_TEST_SUITE_P(SeedAndPyTorch, MaskFamilies,
                          ::testing::ValuesIn(mha::testing::kMaskSetups),
                          [](const auto &info) { return std::string(info.param.name); });
 
+// Causal attention in both alignments, alone and under masks of each family, with Sq < Sk,
+// Sq == Sk (self-attention, fused QKV), Sq > Sk (bottom-right: the first rows see no key), and
+// sequences of several key and query tiles.
+struct CausalCase {
+    const char *name;
+    mha::Causal causal;
+};
+const CausalCase kCausalCases[] = {{"top_left", mha::Causal::top_left},
+                                   {"bottom_right", mha::Causal::bottom_right}};
+
+class CausalAttention : public ::testing::TestWithParam<CausalCase> {};
+
+TEST_P(CausalAttention, MatchesReference) {
+    const Dims dims[] = {{2, 7, 11, 12, 3},   {1, 11, 7, 12, 3},   {2, 70, 70, 32, 2},
+                         {1, 40, 100, 24, 4}, {1, 100, 40, 96, 1}, {3, 9, 9, 7, 7}};
+    using mha::testing::TorchKind;
+    const MaskSetup masks[] = {
+        {"none", std::nullopt, false, TorchKind::none, TorchKind::none, false},
+        {"seed_keep", MaskConvention::keep, false, TorchKind::none, TorchKind::none, false},
+        {"key_padding_bool", std::nullopt, false, TorchKind::boolean, TorchKind::none, false},
+        {"attn_float", std::nullopt, false, TorchKind::none, TorchKind::floating, false}};
+    for (const Dims &d : dims) {
+        for (const MaskSetup &m : masks) {
+            const bool self = d.query_len == d.key_len;
+            Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+            mha::testing::apply_masks(m, p, mha::testing::next_seed());
+            p.causal = GetParam().causal;
+            const auto module = mha::reference::make_module(p);
+            const auto want = mha::reference::forward(p);
+            for (bool with_weights : {false, true}) {
+                SCOPED_TRACE(::testing::Message()
+                             << "B " << d.batch << " Sq " << d.query_len << " Sk " << d.key_len
+                             << " E " << d.embed_dim << " H " << d.num_heads << " mask " << m.name
+                             << " weights " << with_weights);
+                const auto got = mha::reference::run_module(module, p, with_weights);
+                EXPECT_LT(mha::reference::relative_l2(got.output, want.output), kTolerance);
+                if (with_weights) {
+                    EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kTolerance);
+                }
+            }
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothAlignments, CausalAttention, ::testing::ValuesIn(kCausalCases),
+                         [](const auto &info) { return std::string(info.param.name); });
+
+// PyTorch's is_causal=True is its boolean attn_mask of ones above the diagonal (torch.triu(...,
+// diagonal=1)), which every row sees key 0 of; bottom-right shifts that diagonal by Sk - Sq.
+TEST(CausalSemantics, EqualsTheTriangularMask) {
+    for (const auto &[causal, shift] :
+         {std::pair{mha::Causal::top_left, 0}, {mha::Causal::bottom_right, 9}}) {
+        const Dims d{2, 13, 22, 16, 2};
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        p.causal = causal;
+        const auto implicit = mha::reference::run_module(mha::reference::make_module(p), p, true);
+        p.causal = mha::Causal::none;
+        p.attn_mask = mha::reference::TorchMask{true, {d.query_len, d.key_len}, {}, {}};
+        for (int64_t i = 0; i < d.query_len; i++) {
+            for (int64_t j = 0; j < d.key_len; j++) {
+                p.attn_mask->bools.push_back(j > i + shift);
+            }
+        }
+        const auto explicit_mask =
+            mha::reference::run_module(mha::reference::make_module(p), p, true);
+        EXPECT_LT(mha::reference::relative_l2(implicit.output,
+                                              mha::reference::to_double(explicit_mask.output)),
+                  1e-6);
+        EXPECT_LT(mha::reference::relative_l2(implicit.weights,
+                                              mha::reference::to_double(explicit_mask.weights)),
+                  1e-6);
+    }
+}
+
 struct MaskSemantics : ::testing::Test {
     // B == Sq, where a [B, Sk] key padding would broadcast as an [Sq, Sk] mask.
     const Dims d{3, 3, 5, 12, 2};

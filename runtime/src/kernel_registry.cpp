@@ -53,6 +53,7 @@ std::vector<KernelInfo> linked_kernels() {
                             std::string(contract::mask_kind_name(kernel.variant.mask)),
                             kernel.variant.returns_weights,
                             kernel.variant.fused_qkv,
+                            kernel.variant.causal,
                             {}};
             if (kernel.buckets == contract::kAllBuckets) {
                 info.buckets.emplace_back(contract::kAnyBucket);

@@ -121,6 +121,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     contract::KernelVariant variant;
     variant.mask = call.mask.kind;
     variant.returns_weights = options.weights.has_value();
+    variant.causal = options.causal != Causal::none;
     // Self-attention on one tensor takes the fused QKV projection.
     variant.fused_qkv = query.data == key.data && query.data == value.data &&
                         query.device_handle == key.device_handle &&
@@ -195,6 +196,10 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         values[size_t(ArgId::weights)] = weights_buffer.raw_buffer();
     }
     int32_t head_dim = static_cast<int32_t>(E / num_heads_);
+    // Sq and Sk passed the kernels' 32-bit size checks, so their difference fits too.
+    int32_t causal_offset =
+        options.causal == Causal::bottom_right ? int32_t(call.weights_shape[3] - Sq) : 0;
+    values[size_t(ArgId::causal_offset)] = &causal_offset;
     values[size_t(ArgId::head_dim)] = &head_dim;
     for (size_t id = 0; id < contract::kArgCount; id++) {
         if (packed_->buffers[id]) {

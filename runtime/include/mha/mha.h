@@ -87,11 +87,26 @@ using MaskTensor = std::variant<BoolTensor, Tensor>;
 // weighs a key exactly 0, and a row that is -inf everywhere gives NaN, as in PyTorch. When a
 // boolean and a float PyTorch mask combine, True becomes -inf, as PyTorch converts it.
 // Four-dimensional seed masks keep a [B, Sk] key padding from broadcasting as [Sq, Sk].
+// Causal attention without a mask tensor: which keys query i sees when Sq != Sk.
+enum class Causal {
+    none,
+    // j <= i: PyTorch's is_causal=True (and F.scaled_dot_product_attention's), aligned top-left.
+    top_left,
+    // j <= i + Sk - Sq: FlashAttention's and PyTorch's causal_lower_right, what a decode step of
+    // Sq new tokens after Sk - Sq cached ones computes. The same as top_left when Sq == Sk.
+    bottom_right,
+};
+
 struct ForwardOptions {
     std::optional<Mask> mask;
     std::optional<Tensor> additive_mask;  // e.g. the TF article's mask·(-1e9), BERT's extended mask
     std::optional<MaskTensor> key_padding_mask;
     std::optional<MaskTensor> attn_mask;
+    // Keys a query does not see in this order weigh exactly 0 and are never computed (whole key
+    // tiles skipped); masks apply among the keys it sees. A query that sees no key (bottom_right
+    // with Sq > Sk) gets weights 0 and a zero context, so its output is the output bias, as
+    // FlashAttention gives; PyTorch's math path gives NaN there.
+    Causal causal = Causal::none;
     // When given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
     std::optional<MutableTensor> weights;
 };
@@ -203,6 +218,7 @@ struct KernelInfo {
     std::string mask;  // the mask it takes: none, bytes (either convention) or additive
     bool returns_weights;
     bool fused_qkv;
+    bool causal;
     std::vector<std::string> arguments;  // in call order, after the user_context
 };
 

@@ -105,7 +105,7 @@ struct ForwardOptions {
     // Keys a query does not see in this order weigh exactly 0 and are never computed (whole key
     // tiles skipped); masks apply among the keys it sees. A query that sees no key (bottom_right
     // with Sq > Sk) gets weights 0 and a zero context, so its output is the output bias, as
-    // FlashAttention gives; PyTorch's math path gives NaN there.
+    // FlashAttention and PyTorch's scaled_dot_product_attention with causal_lower_right give.
     Causal causal = Causal::none;
     // When given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
     std::optional<MutableTensor> weights;

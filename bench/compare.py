@@ -30,6 +30,8 @@ STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
 STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
 DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
+CAUSAL = re.compile(r"^causal/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
+                    r"/mode:(?P<mode>\w+)/threads:(?P<t>\d+)")
 
 
 
@@ -74,9 +76,10 @@ def benchmark_groups(bench, bench_filter):
                            check=True, stdout=subprocess.PIPE, text=True).stdout.split()
     groups = {}
     for name in names:
-        forward, decode = NAME.match(name), DECODE.match(name)
+        forward, decode, causal = NAME.match(name), DECODE.match(name), CAUSAL.match(name)
         key = (("forward", forward_dims(forward)) if forward else
-               ("decode", decode_shape(decode)) if decode else ("other",))
+               ("decode", decode_shape(decode)) if decode else
+               ("causal", forward_dims(causal)) if causal else ("other",))
         groups.setdefault(key, []).append(name)
     return groups
 
@@ -106,6 +109,10 @@ def one_round(args, groups, env, label):
                     times[(path, dims, w, t)] = ms
                 if not w:  # ORT's attention ops do not return the weights
                     times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
+            elif CAUSAL.match(name) and CAUSAL.match(name)["mode"] == "implicit":
+                dims, t = forward_dims(CAUSAL.match(name)), int(CAUSAL.match(name)["t"])
+                times[("torch causal", dims, t)] = torch_peer.measure_causal(dims, t,
+                                                                             args.min_time)
             elif decode:
                 shape, t = decode_shape(decode), int(decode["t"])
                 times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t,
@@ -211,6 +218,30 @@ def main():
                  f"| {r['ours'] / floor:.2f} | {r['torch']:.3f} | {r['ort']:.3f} "
                  f"| {r['torch'] / r['ours']:.2f} | {r['ort'] / r['ours']:.2f} "
                  f"| {faster / r['ours']:.2f} |")
+    causal = {}
+    for name, t_ms in cpp_ms.items():
+        m = CAUSAL.match(name)
+        if m:
+            key = (forward_dims(m), int(m["t"]))
+            causal.setdefault(key, {"torch": ms[("torch causal", *key)]})[m["mode"]] = t_ms
+    if causal:
+        emit("")
+        emit("Causal self-attention (top-left): ours with ForwardOptions::causal (hidden key tiles "
+             "skipped), with an explicit boolean [Sq, Sk] attn_mask, and without causality; "
+             "PyTorch F.linear + F.scaled_dot_product_attention(is_causal=True). Floor ratio: "
+             "FLOPs with a full mask over FLOPs with half the attention skipped.")
+        emit("")
+        emit("| shape (B, Sq, Sk, E, H) | threads | causal ms | explicit mask ms | no mask ms "
+             "| PyTorch ms | × explicit mask | floor × | × PyTorch |")
+        emit("|" + "---|" * 9)
+        for (dims, t), r in sorted(causal.items()):
+            B, Sq, Sk, E, H = dims
+            attention = 4 * B * Sq * Sk * E
+            full = report.flops(*dims)
+            emit(f"| {', '.join(map(str, dims))} | {t} | {r['implicit']:.3f} "
+                 f"| {r['explicit_mask']:.3f} | {r['none']:.3f} | {r['torch']:.3f} "
+                 f"| {r['explicit_mask'] / r['implicit']:.2f} "
+                 f"| {full / (full - attention / 2):.2f} | {r['torch'] / r['implicit']:.2f} |")
     stages = {}
     for name, t_ms in cpp_ms.items():
         m = STAGE.match(name)

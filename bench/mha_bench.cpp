@@ -163,6 +163,34 @@ void halide_decode(benchmark::State &state, mha::contract::DecodeShape d, int th
         benchmark::Counter(d.bytes_read() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Causal self-attention (top-left) as ForwardOptions::causal, as PyTorch's boolean triangular
+// attn_mask, or not causal at all, for scale.
+void halide_causal(benchmark::State &state, Dims d, mha::contract::CausalMode mode, int threads) {
+    set_threads(threads);
+    Buffers buf(d);
+    const auto module = mha::reference::make_module(buf.problem);
+    std::vector<uint8_t> above_diagonal(d.query_len * d.key_len);
+    for (int64_t i = 0; i < d.query_len; i++) {
+        for (int64_t j = 0; j < d.key_len; j++) {
+            above_diagonal[i * d.key_len + j] = j > i;
+        }
+    }
+    mha::ForwardOptions options;
+    if (mode == mha::contract::CausalMode::implicit) {
+        options.causal = mha::Causal::top_left;
+    } else if (mode == mha::contract::CausalMode::explicit_mask) {
+        options.attn_mask = mha::BoolTensor{above_diagonal.data(), {d.query_len, d.key_len}};
+    }
+    const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
+    for (auto _ : state) {
+        module.forward(mha::reference::query_view(buf.problem),
+                       mha::reference::key_view(buf.problem),
+                       mha::reference::value_view(buf.problem), out, options);
+        benchmark::DoNotOptimize(buf.output.data());
+    }
+    state.SetLabel(mha::dispatched_isa());
+}
+
 // Each stage's own library (tests' stage generators) on the shape's tensors.
 using Halide::Runtime::Buffer;
 void stage(benchmark::State &state, const std::string &which, Dims d, int threads) {
@@ -259,6 +287,15 @@ void register_all(const std::vector<int> &thread_counts) {
                                                      d.cached, d.embed_dim, d.num_heads, threads)
                                              .c_str(),
                                          halide_decode, d, threads)
+                ->Unit(benchmark::kMillisecond);
+        }
+    }
+    for (const Dims &d : mha::contract::kCausalSweep) {
+        for (mha::contract::CausalMode mode : mha::contract::kCausalModes) {
+            benchmark::RegisterBenchmark(fmt::format("causal/{}/mode:{}/threads:2", shape_name(d),
+                                                     mha::contract::causal_mode_name(mode))
+                                             .c_str(),
+                                         halide_causal, d, mode, 2)
                 ->Unit(benchmark::kMillisecond);
         }
     }

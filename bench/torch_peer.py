@@ -51,6 +51,27 @@ def measure(dims, with_weights, threads, min_time_s=0.3):
         }
 
 
+def measure_causal(dims, threads, min_time_s=0.3):
+    """Median milliseconds of PyTorch's causal self-attention: F.linear projections and
+    F.scaled_dot_product_attention(is_causal=True), which skips the masked half itself."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    B, S, _, E, H = dims
+    d = E // H
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
+    wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
+    x = torch.rand(B, S, E) * 2 - 1
+
+    def causal():
+        q, k, v = F.linear(x, w_in, b_in).view(B, S, 3, H, d).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.linear(context.transpose(1, 2).reshape(B, S, E), wo, bo)
+
+    with torch.inference_mode():
+        return median_ms(causal, min_time_s)
+
+
 def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
     """Median milliseconds of one PyTorch decode step: the new token's fused QKV projection
     (F.linear), its key and value written in place into a preallocated cache, SDPA over the

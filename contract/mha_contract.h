@@ -504,6 +504,29 @@ inline constexpr std::array kDecodeSweep = {
     DecodeShape{1, 2048, 768, 12},
 };
 
+// Causal self-attention, timed three ways (implicit causal, an explicit [Sq, Sk] mask, no mask)
+// against PyTorch's scaled_dot_product_attention(is_causal=True): the sweep's long sequence, and
+// the same with a narrower embedding, where attention rather than the projections dominates.
+inline constexpr std::array kCausalSweep = {
+    ProblemShape{1, 2048, 2048, 512, 8},
+    ProblemShape{1, 2048, 2048, 256, 4},
+};
+// How a causal benchmark gets its causality.
+enum class CausalMode { implicit, explicit_mask, none };
+constexpr std::string_view causal_mode_name(CausalMode mode) {
+    switch (mode) {
+    case CausalMode::implicit:
+        return "implicit";
+    case CausalMode::explicit_mask:
+        return "explicit_mask";
+    case CausalMode::none:
+        return "none";
+    }
+    return "unknown";
+}
+inline constexpr std::array kCausalModes = {CausalMode::implicit, CausalMode::explicit_mask,
+                                            CausalMode::none};
+
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {
     ProblemShape{8, 1024, 1024, 1024, 16},

@@ -25,7 +25,8 @@ using mha::reference::Dims;
 struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
-    std::string mask = "none";  // none, a mask convention, or additive
+    int64_t kdim = 0, vdim = 0;  // the key's and value's features; 0: E
+    std::string mask = "none";   // none, a mask convention, or additive
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Causal causal = mha::Causal::none;
     mha::Device device = mha::Device::cpu;
@@ -68,6 +69,10 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
                                ->type_name("N");
     size("--embed-dim", o.dims.embed_dim, "embedding dimension E");
     size("--heads", o.dims.num_heads, "number of heads H, dividing E");
+    for (auto [flag, value, what] : {std::tuple{"--kdim", &o.kdim, "key features (default: E)"},
+                                     {"--vdim", &o.vdim, "value features (default: E)"}}) {
+        app.add_option(flag, *value, what)->check(mha::tools::positive_integer())->type_name("N");
+    }
     std::vector<std::string> masks = {"none"};
     for (mha::MaskConvention c : mha::contract::kMaskConventions) {
         masks.emplace_back(mha::contract::mask_convention_name(c));
@@ -211,8 +216,9 @@ void print_errors(const std::vector<float> &output, const std::vector<double> &w
 
 int run(const Options &o) {
     const Dims &d = o.dims;
-    const bool self = d.query_len == d.key_len && !o.key_len_given;
-    mha::reference::Problem problem = mha::reference::random_problem(d, o.seed, self);
+    const bool self = d.query_len == d.key_len && !o.key_len_given && o.kdim == 0 && o.vdim == 0;
+    mha::reference::Problem problem =
+        mha::reference::random_problem(d, o.seed, self, o.kdim, o.vdim);
     if (o.mask == "additive") {
         mha::reference::add_random_additive_mask(problem, {d.batch, 1, d.query_len, d.key_len},
                                                  true, o.seed + 1);

@@ -326,8 +326,8 @@ struct ArgSpec {
 
 inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::query, "query", ArgKind::input_buffer, ElementType::f32, 3, "(e, sq, b)"},
-    {ArgId::key, "key", ArgKind::input_buffer, ElementType::f32, 3, "(e, sk, b)"},
-    {ArgId::value, "value", ArgKind::input_buffer, ElementType::f32, 3, "(e, sk, b)"},
+    {ArgId::key, "key", ArgKind::input_buffer, ElementType::f32, 3, "(kdim, sk, b)"},
+    {ArgId::value, "value", ArgKind::input_buffer, ElementType::f32, 3, "(vdim, sk, b)"},
     {ArgId::head_dim, "head_dim", ArgKind::input_scalar, ElementType::i32, 0, "E / H"},
     {ArgId::q_weight, "q_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wqᵀ panels"},
     {ArgId::q_bias, "q_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},

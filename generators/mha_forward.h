@@ -51,6 +51,7 @@ struct ForwardInputs {
     bool recompute_scores = false;
     // head_dim is a scalar input, not E / H, so that a schedule can specialize on its value.
     Halide::Expr embed_dim, head_dim, query_len, num_keys, batch;
+    Halide::Expr key_features, value_features;  // kdim and vdim: E when fused
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
@@ -94,9 +95,9 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         f.input_projections = {
             linear_projection(v, query_rows, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
             linear_projection(v, token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t, in.k_bias,
-                              in.embed_dim, "k_proj"),
+                              in.key_features, "k_proj"),
             linear_projection(v, token_rows(v, in.value, Sk, B, "value_rows"), in.v_weight_t,
-                              in.v_bias, in.embed_dim, "v_proj")};
+                              in.v_bias, in.value_features, "v_proj")};
         f.q_proj = token_view(v, f.input_projections[0].result, Sq, 0, "q_view");
         f.k_proj = token_view(v, f.input_projections[1].result, Sk, 0, "k_view");
         f.v_proj = token_view(v, f.input_projections[2].result, Sk, 0, "v_view");

@@ -116,11 +116,14 @@ public:
         in.padded = mha::contract::padded_features(in.embed_dim, in.head_dim);
         if (fused) {
             in.num_keys = in.query_len;
+            in.key_features = in.value_features = in.embed_dim;
             in.key = in.value = in.query;
             in.qkv_weight_t = mha::panel_view(input(ArgId::qkv_weight), "qkv_weight_t");
             in.qkv_bias = input(ArgId::qkv_bias);
         } else {
             in.num_keys = input(ArgId::key).dim(1).extent();
+            in.key_features = input(ArgId::key).dim(0).extent();
+            in.value_features = input(ArgId::value).dim(0).extent();
             in.key = input(ArgId::key);
             in.value = input(ArgId::value);
             in.q_weight_t = mha::panel_view(input(ArgId::q_weight), "q_weight_t");

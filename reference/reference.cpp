@@ -28,24 +28,26 @@ int64_t product(const std::vector<int64_t> &shape) {
 
 }  // namespace
 
-Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention) {
+Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention, int64_t kdim,
+                       int64_t vdim) {
     std::mt19937_64 rng(seed);
     Problem p;
     p.dims = dims;
     p.self_attention = self_attention;
     const int64_t E = dims.embed_dim;
+    p.in_features = {E, kdim > 0 ? kdim : E, vdim > 0 ? vdim : E, E};
     p.query = uniform(dims.batch * dims.query_len * E, 1.0f, rng);
     if (self_attention) {
         p.key = p.query;
         p.value = p.query;
     } else {
-        p.key = uniform(dims.batch * dims.key_len * E, 1.0f, rng);
-        p.value = uniform(dims.batch * dims.key_len * E, 1.0f, rng);
+        p.key = uniform(dims.batch * dims.key_len * p.in_features[1], 1.0f, rng);
+        p.value = uniform(dims.batch * dims.key_len * p.in_features[2], 1.0f, rng);
     }
-    // nn.Linear's default initialization bound, 1/sqrt(in_features).
-    const float bound = 1.0f / std::sqrt(static_cast<float>(E));
     for (int l = 0; l < 4; l++) {
-        p.weight[l] = uniform(E * E, bound, rng);
+        // nn.Linear's default initialization bound, 1/sqrt(in_features).
+        const float bound = 1.0f / std::sqrt(static_cast<float>(p.in_features[l]));
+        p.weight[l] = uniform(E * p.in_features[l], bound, rng);
         p.bias[l] = uniform(E, bound, rng);
     }
     return p;
@@ -100,7 +102,7 @@ std::array<Linear, 4> linears(const Problem &p) {
     const int64_t E = p.dims.embed_dim;
     std::array<Linear, 4> lin;
     for (int l = 0; l < 4; l++) {
-        lin[l] = {Tensor{p.weight[l].data(), {E, E}}, Tensor{p.bias[l].data(), {E}}};
+        lin[l] = {Tensor{p.weight[l].data(), {E, p.in_features[l]}}, Tensor{p.bias[l].data(), {E}}};
     }
     return lin;
 }
@@ -131,11 +133,11 @@ Tensor query_view(const Problem &p) {
 }
 Tensor key_view(const Problem &p) {
     return {(p.self_attention ? p.query : p.key).data(),
-            {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+            {p.dims.batch, p.dims.key_len, p.in_features[1]}};
 }
 Tensor value_view(const Problem &p) {
     return {(p.self_attention ? p.query : p.value).data(),
-            {p.dims.batch, p.dims.key_len, p.dims.embed_dim}};
+            {p.dims.batch, p.dims.key_len, p.in_features[2]}};
 }
 std::optional<Mask> mask_view(const Problem &p) {
     if (!p.mask_convention) {
@@ -166,16 +168,17 @@ ForwardOptions options_view(const Problem &p, const std::optional<MutableTensor>
     return o;
 }
 
-std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E,
+std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t in,
                            const std::vector<float> &w, const std::vector<float> &b) {
-    std::vector<double> y(rows * E);
+    const int64_t out = int64_t(b.size());
+    std::vector<double> y(rows * out);
     for (int64_t r = 0; r < rows; r++) {
-        for (int64_t o = 0; o < E; o++) {
+        for (int64_t o = 0; o < out; o++) {
             double acc = b[o];
-            for (int64_t i = 0; i < E; i++) {
-                acc += x[r * E + i] * static_cast<double>(w[o * E + i]);
+            for (int64_t i = 0; i < in; i++) {
+                acc += x[r * in + i] * static_cast<double>(w[o * in + i]);
             }
-            y[r * E + o] = acc;
+            y[r * out + o] = acc;
         }
     }
     return y;
@@ -366,8 +369,8 @@ Result forward(const Problem &p) {
     const int64_t B = m.batch, Sq = m.query_len, Sk = m.key_len, E = m.embed_dim;
     const int64_t H = m.num_heads, d = m.head_dim();
     const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
-    const auto k = linear(to_double(p.key), B * Sk, E, p.weight[1], p.bias[1]);
-    const auto v = linear(to_double(p.value), B * Sk, E, p.weight[2], p.bias[2]);
+    const auto k = linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]);
+    const auto v = linear(to_double(p.value), B * Sk, p.in_features[2], p.weight[2], p.bias[2]);
     const auto scores =
         scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d), B * H, Sq, Sk, d);
     Result r;

@@ -30,7 +30,8 @@ struct Problem {
     Dims dims;
     bool self_attention = false;           // key and value views show `query` itself
     std::vector<float> query, key, value;  // [B, Sq, E], [B, Sk, E], [B, Sk, E]
-    std::vector<float> weight[4];          // q, k, v, out: [E, E] in [out, in] layout
+    std::array<int64_t, 4> in_features{};  // of q, k, v, out: E, kdim, vdim, E
+    std::vector<float> weight[4];          // q, k, v, out: [E, in_features] ([out, in] layout)
     std::vector<float> bias[4];            // [E]
     std::optional<MaskConvention> mask_convention;
     std::vector<int64_t> mask_shape;  // broadcasts to [B, H, Sq, Sk]
@@ -43,7 +44,9 @@ struct Problem {
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
 // query, key and value (Sq must equal Sk), which selects the fused QKV kernels.
-Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = false);
+// kdim and vdim (0: E) are the key's and value's features.
+Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = false,
+                       int64_t kdim = 0, int64_t vdim = 0);
 
 // Adds a random mask of `shape` (about a third of positions blocked) in `convention`.
 void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t> shape,
@@ -76,8 +79,8 @@ struct Outputs {
 Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with_weights);
 
 // --- The stages, in double precision. ---
-// y[r, o] = b[o] + sum_i x[r, i] * w[o, i]  over rows r of x [rows, E].
-std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t E,
+// y[r, o] = b[o] + sum_i x[r, i] * w[o, i]  over rows r of x [rows, in], o < b.size().
+std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t in,
                            const std::vector<float> &w, const std::vector<float> &b);
 // [B, S, H*d] -> [B, H, S, d] and back.
 std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,

@@ -213,6 +213,16 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "the cache was made by another module");
     }
+    const auto cross = mha::reference::make_module(
+        mha::reference::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed(), false, 7, 12));
+    try {
+        cross.make_cache(1, 4);
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(
+            e.what(),
+            "decode steps are self-attention: kdim 7 and vdim 12 must be the embed_dim 12");
+    }
 }
 
 // Once a step with as many new tokens has run, a step allocates nothing: no heap allocation by

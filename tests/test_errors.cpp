@@ -66,10 +66,20 @@ TEST_F(ModuleErrors, NonPositiveSizes) {
 }
 
 TEST_F(ModuleErrors, WeightAndBiasShapes) {
-    const mha::Linear bad_weight{{p.weight[1].data(), {12, 11}}, std::nullopt};
+    // k_proj and v_proj may take other input features (kdim, vdim), q_proj and out_proj not.
+    const mha::Linear bad_weight{{p.weight[1].data(), {11, 12}}, std::nullopt};
     expect_error(
         [&] { mha::MultiHeadAttention(12, 3, linear(0), bad_weight, linear(2), linear(3)); },
-        "k_proj.weight has shape [12, 11] but must be [12, 12]");
+        "k_proj.weight has shape [11, 12] but must be [12, 12]");
+    const mha::Linear narrow{{p.weight[0].data(), {12, 11}}, std::nullopt};
+    expect_error([&] { mha::MultiHeadAttention(12, 3, narrow, linear(1), linear(2), linear(3)); },
+                 "q_proj.weight has shape [12, 11] but must be [12, 12]");
+    expect_error(
+        [&] {
+            mha::MultiHeadAttention::from_in_proj(12, 3, {p.weight[0].data(), {24, 12}},
+                                                  std::nullopt, linear(3));
+        },
+        "in_proj_weight has shape [24, 12] but must be [36, 12]");
     mha::Linear bad_bias = linear(3);
     bad_bias.bias = mha::Tensor{p.bias[3].data(), {13}};
     expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), linear(1), linear(2), bad_bias); },
@@ -94,7 +104,7 @@ TEST_F(ModuleErrors, BatchMismatch) {
 TEST_F(ModuleErrors, EmbedDimMismatch) {
     const mha::Tensor wide_query{p.query.data(), {2, 2, 15}};
     expect_error([&] { forward(wide_query, k(), v()); },
-                 "query has embed dim 15 but the module's embed_dim is 12");
+                 "query has 15 features but the module's embed_dim is 12");
 }
 
 TEST_F(ModuleErrors, WrongRankAndEmptyDimensions) {

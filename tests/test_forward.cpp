@@ -285,4 +285,59 @@ TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
     }
 }
 
+// nn.MultiheadAttention's kdim and vdim: keys and values with their own features, at awkward
+// sizes (1, primes, d = 96 with one head), with masks, causal order and the weights.
+TEST(ForwardFeatures, KdimAndVdimMatchReference) {
+    struct Case {
+        Dims dims;
+        int64_t kdim, vdim;
+    };
+    for (const Case &c : {Case{{2, 5, 7, 12, 3}, 7, 20}, Case{{1, 3, 11, 12, 4}, 1, 13},
+                          Case{{2, 9, 4, 96, 1}, 33, 96}, Case{{3, 6, 6, 8, 2}, 5, 5}}) {
+        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), false, c.kdim,
+                                                   c.vdim);
+        const auto module = mha::reference::make_module(p);
+        ASSERT_EQ(module.kdim(), c.kdim);
+        ASSERT_EQ(module.vdim(), c.vdim);
+        SCOPED_TRACE(::testing::Message() << "kdim " << c.kdim << " vdim " << c.vdim);
+        expect_matches_reference(p, true);
+        p.causal = mha::Causal::bottom_right;
+        mha::reference::add_random_mask(p, MaskConvention::keep,
+                                        {c.dims.batch, 1, 1, c.dims.key_len},
+                                        mha::testing::next_seed());
+        expect_matches_reference(p, false);
+    }
+}
+
+// PyTorch's packed in_proj_weight [3E, E] and in_proj_bias [3E] are Wq, Wk, Wv stacked.
+TEST(ForwardFeatures, PackedInProjEqualsThreeLinears) {
+    const Dims d{2, 6, 6, 20, 4};
+    const Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), true);
+    std::vector<float> in_proj_weight, in_proj_bias;
+    for (int l = 0; l < 3; l++) {
+        in_proj_weight.insert(in_proj_weight.end(), p.weight[l].begin(), p.weight[l].end());
+        in_proj_bias.insert(in_proj_bias.end(), p.bias[l].begin(), p.bias[l].end());
+    }
+    const auto packed = mha::MultiHeadAttention::from_in_proj(
+        d.embed_dim, d.num_heads, {in_proj_weight.data(), {3 * d.embed_dim, d.embed_dim}},
+        mha::Tensor{in_proj_bias.data(), {3 * d.embed_dim}}, mha::reference::linears(p)[3]);
+    EXPECT_EQ(mha::reference::run_module(packed, p, true).output, run_forward(p, true).output);
+}
+
+// Each projection's bias is optional, and a missing one is zero.
+TEST(ForwardFeatures, MissingBiasIsZero) {
+    const Dims d{2, 5, 8, 12, 3};
+    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+    std::array<mha::Linear, 4> linears = mha::reference::linears(p);
+    linears[1].bias.reset();
+    linears[3].bias.reset();
+    const mha::MultiHeadAttention module(d.embed_dim, d.num_heads, linears[0], linears[1],
+                                         linears[2], linears[3]);
+    std::fill(p.bias[1].begin(), p.bias[1].end(), 0.0f);
+    std::fill(p.bias[3].begin(), p.bias[3].end(), 0.0f);
+    const auto got = mha::reference::run_module(module, p, false);
+    EXPECT_LT(mha::reference::relative_l2(got.output, mha::reference::forward(p).output),
+              kTolerance);
+}
+
 }  // namespace

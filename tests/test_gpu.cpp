@@ -84,6 +84,17 @@ TEST_P(OpenClCases, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(PoCL, OpenClCases, ::testing::ValuesIn(kGpuCases),
                          [](const auto &info) { return std::string(info.param.name); });
 
+// nn.MultiheadAttention's kdim and vdim, and causal attention in both alignments.
+TEST_F(OpenCl, KdimVdimAndCausal) {
+    for (mha::Causal causal : {mha::Causal::top_left, mha::Causal::bottom_right}) {
+        Problem p = mha::reference::random_problem({2, 9, 5, 12, 3}, mha::testing::next_seed(),
+                                                   false, 7, 20);
+        p.causal = causal;
+        const auto module = mha::reference::make_module(p, Device::opencl);
+        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    }
+}
+
 // Every mask family and combination (tests/mask_setups.h), cross- and self-attention.
 class OpenClMasks : public OpenCl, public ::testing::WithParamInterface<mha::testing::MaskSetup> {};
 

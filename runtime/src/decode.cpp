@@ -88,6 +88,12 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
         throw Error(
             fmt::format("a cache of batch {} and capacity {}: both must be >= 1", batch, capacity));
     }
+    if (!packed_->stacked()) {
+        throw Error(
+            fmt::format("decode steps are self-attention: kdim {} and vdim {} must be the "
+                        "embed_dim {}",
+                        kdim(), vdim(), embed_dim_));
+    }
     const int64_t padded = contract::round_up(capacity, contract::kCacheKeyTile);
     if (padded > detail::kMaxBufferBytes / int64_t(sizeof(float)) / (batch * embed_dim_)) {
         throw Error(

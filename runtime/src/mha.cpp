@@ -62,17 +62,27 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
             fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim, num_heads));
     }
     const int64_t E = embed_dim;
-    if (contract::kQkvProjections * contract::padded_features(E, E / num_heads) * E >
+    const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
+    int64_t in_features = 0;  // of all four projections
+    for (int p = 0; p < 4; p++) {
+        const std::string name = fmt::format("{}.weight", kProjectionNames[p]);
+        const Tensor &weight = linears[p]->weight;
+        // k_proj and v_proj take kdim and vdim input features, the others E.
+        const bool key_or_value = p == 1 || p == 2;
+        check_view(name.c_str(), weight, 2,
+                   key_or_value ? "[embed_dim, in features]" : "[embed_dim, embed_dim]");
+        check_tensor(name.c_str(), weight, std::array{E, key_or_value ? weight.shape[1] : E});
+        in_features += weight.shape[1];
+    }
+    // Sizes are in elements of at most 2^31 bytes (check_view), so these products fit.
+    if (contract::padded_features(E, E / num_heads) * in_features >
         kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
         throw Error(
             fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
                         "bytes a kernel addresses",
                         embed_dim, kMaxBufferBytes));
     }
-    const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
     for (int p = 0; p < 4; p++) {
-        check_tensor(fmt::format("{}.weight", kProjectionNames[p]).c_str(), linears[p]->weight,
-                     std::array{E, E});
         if (linears[p]->bias) {
             check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
                          std::array{E});
@@ -83,6 +93,30 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         E, num_heads, linears, device == Device::cpu ? nullptr : component);
 }
 
+MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t num_heads,
+                                                    const Tensor &in_proj_weight,
+                                                    const std::optional<Tensor> &in_proj_bias,
+                                                    const Linear &out_proj, Device device) {
+    const int64_t E = embed_dim;
+    check_view("in_proj_weight", in_proj_weight, 2, "[3 x embed_dim, embed_dim]");
+    check_tensor("in_proj_weight", in_proj_weight, std::array{3 * E, E});
+    if (in_proj_bias) {
+        check_tensor("in_proj_bias", *in_proj_bias, std::array{3 * E});
+    }
+    // Rows [p·E, (p + 1)·E) of the packed tensors are projection p's.
+    std::array<Linear, 3> qkv;
+    for (int p = 0; p < 3; p++) {
+        qkv[p].weight = Tensor{in_proj_weight.data + p * E * E, {E, E}};
+        if (in_proj_bias) {
+            qkv[p].bias = Tensor{in_proj_bias->data + p * E, {E}};
+        }
+    }
+    return MultiHeadAttention(embed_dim, num_heads, qkv[0], qkv[1], qkv[2], out_proj, device);
+}
+
+int64_t MultiHeadAttention::kdim() const { return packed_->in_features[1]; }
+int64_t MultiHeadAttention::vdim() const { return packed_->in_features[2]; }
+
 MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
                                                      const Tensor &value,
                                                      const ForwardOptions &options) const {
@@ -92,10 +126,12 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     check_view("value", value, 3, layout);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     const int64_t Sk = key.shape[1], H = num_heads_;
-    for (const auto &[name, t] : {std::pair{"query", &query}, {"key", &key}, {"value", &value}}) {
-        if (t->shape[2] != E) {
-            throw Error(fmt::format("{} has embed dim {} but the module's embed_dim is {}", name,
-                                    t->shape[2], E));
+    for (const auto &[name, t, features, what] : {std::tuple{"query", &query, E, "embed_dim"},
+                                                  {"key", &key, kdim(), "kdim"},
+                                                  {"value", &value, vdim(), "vdim"}}) {
+        if (t->shape[2] != features) {
+            throw Error(fmt::format("{} has {} features but the module's {} is {}", name,
+                                    t->shape[2], what, features));
         }
         if (t->shape[0] != B) {
             throw Error(
@@ -123,7 +159,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     variant.returns_weights = options.weights.has_value();
     variant.causal = options.causal != Causal::none;
     // Self-attention on one tensor takes the fused QKV projection.
-    variant.fused_qkv = query.data == key.data && query.data == value.data &&
+    variant.fused_qkv = packed_->stacked() && query.data == key.data && query.data == value.data &&
                         query.device_handle == key.device_handle &&
                         query.device_handle == value.device_handle && query.shape == key.shape &&
                         query.shape == value.shape;

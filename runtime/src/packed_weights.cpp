@@ -8,17 +8,15 @@ namespace {
 using contract::ArgId;
 using contract::kWeightPanel;
 
-// Writes Wᵀ of one nn.Linear as output features [column, column + E) of a panel-major block of
-// `panels` x [E, kWeightPanel], and its bias at the same offset.
-void pack_linear(const Linear &lin, int64_t E, int64_t column, std::vector<float> &panels,
-                 std::vector<float> &bias) {
+// Writes Wᵀ of one nn.Linear [E, in_features] into `block`, panel-major [panels][in_features]
+// [kWeightPanel], and its bias into `bias`.
+void pack_linear(const Linear &lin, int64_t E, int64_t in_features, float *block, float *bias) {
     for (int64_t out = 0; out < E; out++) {
-        const int64_t feature = column + out;
-        float *panel = panels.data() + (feature / kWeightPanel) * E * kWeightPanel;
-        for (int64_t in = 0; in < E; in++) {
-            panel[in * kWeightPanel + feature % kWeightPanel] = lin.weight.data[out * E + in];
+        float *panel = block + (out / kWeightPanel) * in_features * kWeightPanel;
+        for (int64_t in = 0; in < in_features; in++) {
+            panel[in * kWeightPanel + out % kWeightPanel] = lin.weight.data[out * in_features + in];
         }
-        bias[feature] = lin.bias ? lin.bias->data[out] : 0.0f;
+        bias[out] = lin.bias ? lin.bias->data[out] : 0.0f;
     }
 }
 
@@ -29,33 +27,44 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
     : embed_dim(E), padded(contract::padded_features(E, E / num_heads)) {
     const int64_t P = padded;
     const int projections = contract::kQkvProjections;
-    qkv_panels.assign(projections * P * E, 0.0f);
+    for (int p = 0; p < 4; p++) {
+        in_features[p] = linears[p]->weight.shape[1];
+    }
+    // Projection p's panels start after those of the projections before it; with equal input
+    // features that is qkv_block_offset(p, P) · E, the fused kernels' stacking.
+    std::array<int64_t, 3> first_panel{};
+    for (int p = 1; p < projections; p++) {
+        first_panel[p] = first_panel[p - 1] + P * in_features[p - 1];
+    }
+    qkv_panels.assign(first_panel[2] + P * in_features[2], 0.0f);
     qkv_bias.assign(projections * P, 0.0f);
     for (int p = 0; p < projections; p++) {
-        pack_linear(*linears[p], E, contract::qkv_block_offset(p, P), qkv_panels, qkv_bias);
+        pack_linear(*linears[p], E, in_features[p], qkv_panels.data() + first_panel[p],
+                    qkv_bias.data() + contract::qkv_block_offset(p, P));
     }
     out_panels.assign(P * E, 0.0f);
     out_bias.assign(P, 0.0f);
-    pack_linear(*linears[3], E, 0, out_panels, out_bias);
+    pack_linear(*linears[3], E, E, out_panels.data(), out_bias.data());
 
     const auto f32 = halide_type_of<float>();
-    const auto panels = [&](ArgId id, const float *first, int64_t features) {
-        buffers[size_t(id)] = view_buffer(first, f32, {features / kWeightPanel, E, kWeightPanel},
-                                          {E * kWeightPanel, kWeightPanel, 1});
+    const auto panels = [&](ArgId id, const float *first, int64_t features, int64_t in) {
+        buffers[size_t(id)] = view_buffer(first, f32, {features / kWeightPanel, in, kWeightPanel},
+                                          {in * kWeightPanel, kWeightPanel, 1});
     };
     const auto row = [&](ArgId id, const float *first, int64_t features) {
         buffers[size_t(id)] = view_buffer(first, f32, {features}, {1});
     };
-    panels(ArgId::qkv_weight, qkv_panels.data(), projections * P);
-    row(ArgId::qkv_bias, qkv_bias.data(), projections * P);
+    if (stacked()) {
+        panels(ArgId::qkv_weight, qkv_panels.data(), projections * P, E);
+        row(ArgId::qkv_bias, qkv_bias.data(), projections * P);
+    }
     const ArgId weight_ids[] = {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight};
     const ArgId bias_ids[] = {ArgId::q_bias, ArgId::k_bias, ArgId::v_bias};
     for (int p = 0; p < projections; p++) {
-        const int64_t offset = contract::qkv_block_offset(p, P);
-        panels(weight_ids[p], qkv_panels.data() + offset * E, P);
-        row(bias_ids[p], qkv_bias.data() + offset, P);
+        panels(weight_ids[p], qkv_panels.data() + first_panel[p], P, in_features[p]);
+        row(bias_ids[p], qkv_bias.data() + contract::qkv_block_offset(p, P), P);
     }
-    panels(ArgId::out_weight, out_panels.data(), P);
+    panels(ArgId::out_weight, out_panels.data(), P, E);
     row(ArgId::out_bias, out_bias.data(), P);
 
     if (gpu != nullptr) {

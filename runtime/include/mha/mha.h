@@ -111,7 +111,7 @@ struct ForwardOptions {
     std::optional<MutableTensor> weights;
 };
 
-// One nn.Linear(E, E): weight [E, E] in [out, in] layout, bias [E] or none (zero).
+// One nn.Linear(in, E): weight [E, in] in [out, in] layout, bias [E] or none (zero).
 struct Linear {
     Tensor weight;
     std::optional<Tensor> bias;
@@ -150,16 +150,28 @@ class MultiHeadAttention {
 public:
     // Checks and copies the weights, prepacked for the kernels (and uploaded once to a GPU
     // `device`); the views may be freed after. A missing GPU or driver raises mha::Error.
+    // q_proj and out_proj are [E, E]; k_proj is [E, kdim] and v_proj [E, vdim], the key and value
+    // features (nn.MultiheadAttention's kdim and vdim; E when they are the query's).
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                        const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
                        Device device = Device::cpu);
+
+    // From PyTorch's packed input projection, nn.MultiheadAttention's in_proj_weight [3E, E]
+    // (Wq, Wk, Wv stacked) and in_proj_bias [3E] (or none), and out_proj.
+    static MultiHeadAttention from_in_proj(int64_t embed_dim, int64_t num_heads,
+                                           const Tensor &in_proj_weight,
+                                           const std::optional<Tensor> &in_proj_bias,
+                                           const Linear &out_proj, Device device = Device::cpu);
 
     Device device() const { return device_; }
     int64_t embed_dim() const { return embed_dim_; }
     int64_t num_heads() const { return num_heads_; }
     int64_t head_dim() const { return embed_dim_ / num_heads_; }
+    int64_t kdim() const;  // the key's features
+    int64_t vdim() const;  // the value's features
 
-    // query [B, Sq, E], key and value [B, Sk, E] -> output [B, Sq, E] and, when asked, the
+    // query [B, Sq, E], key [B, Sk, kdim], value [B, Sk, vdim] -> output [B, Sq, E] and, when
+    // asked, the
     // attention weights (see ForwardOptions). On a GPU, host tensors are copied in and out;
     // device tensors (device_handle) are used in place.
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -169,7 +181,8 @@ public:
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
 
-    // A cache for decode steps of this (CPU) module: `batch` rows of up to `capacity` tokens.
+    // A cache for decode steps of this (CPU) module, whose kdim and vdim are E: `batch` rows of
+    // up to `capacity` tokens.
     KvCache make_cache(int64_t batch, int64_t capacity) const;
 
     // One decode step of self-attention (query = key = value). `tokens` [B, n, E] are appended

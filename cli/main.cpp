@@ -31,6 +31,7 @@ struct Options {
     mha::Causal causal = mha::Causal::none;
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
+    bool average_weights = false;
     bool check = true;
     int repeats = 50;
     uint64_t seed = 2024;
@@ -115,6 +116,8 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     app.add_flag(
         "--no-weights", [&](int64_t) { o.return_weights = false; },
         "do not return the attention weights");
+    app.add_flag("--average-weights", o.average_weights,
+                 "return the weights averaged over heads, [B, Sq, Sk] (PyTorch's default)");
     app.add_flag(
         "--no-check", [&](int64_t) { o.check = false; },
         "skip the double-precision reference (for large shapes)");
@@ -236,16 +239,20 @@ int run(const Options &o) {
                                                               {d.query_len, d.key_len}, o.seed + 3);
     }
     problem.causal = o.causal;
+    problem.average_weights = o.average_weights;
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
 
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
-    std::vector<float> weights(o.return_weights ? d.batch * d.num_heads * d.query_len * d.key_len
-                                                : 0);
     const mha::MutableTensor output_view{output.data(), {d.batch, d.query_len, d.embed_dim}};
+    std::vector<int64_t> weights_shape = {d.batch, d.num_heads, d.query_len, d.key_len};
+    if (o.average_weights) {
+        weights_shape.erase(weights_shape.begin() + 1);
+    }
+    std::vector<float> weights;
     std::optional<mha::MutableTensor> weights_view;
     if (o.return_weights) {
-        weights_view =
-            mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+        weights.resize(d.batch * (o.average_weights ? 1 : d.num_heads) * d.query_len * d.key_len);
+        weights_view = mha::MutableTensor{weights.data(), weights_shape};
     }
     const auto forward = [&] {
         module.forward(mha::reference::query_view(problem), mha::reference::key_view(problem),
@@ -258,7 +265,9 @@ int run(const Options &o) {
         "heads of {}, mask {}, key_padding_mask {}, attn_mask {}, causal {}, weights {}\n",
         self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads,
         d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask, mha::contract::causal_name(o.causal),
-        o.return_weights ? "returned" : "not returned");
+        !o.return_weights   ? "not returned"
+        : o.average_weights ? "averaged"
+                            : "per head");
     print_dimension_flow(d);
 
     fmt::print(

@@ -55,7 +55,7 @@ std::string bucket_names(BucketSet set) {
 std::string kernel_name(const std::string &where, BucketSet buckets, const KernelVariant &v) {
     std::string name =
         "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + bucket_names(buckets);
-    if (v.op == KernelOp::qkv_projection) {
+    if (v.op == KernelOp::qkv_projection || v.op == KernelOp::average_heads) {
         return name;
     }
     name += "_" + std::string(mask_kind_name(v.mask)) + "_mask";
@@ -72,7 +72,7 @@ std::string generator_name(KernelOp op) { return "mha_" + std::string(op_name(op
 // Generator params: the variant's axes that its op has, and the CPU schedule.
 std::string generator_params(const KernelVariant &v, const std::string &schedule) {
     std::string params;
-    if (v.op != KernelOp::qkv_projection) {
+    if (v.op == KernelOp::forward || v.op == KernelOp::decode) {
         params += " mask_kind=" + std::string(mask_kind_name(v.mask));
     }
     if (v.op == KernelOp::forward) {
@@ -141,8 +141,8 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
                 }
             }
         }
-        // A decode step's kernels serve every size, with the parameters of the smallest bucket
-        // (a step's new tokens are few).
+        // The decode steps' and the averaging kernels serve every size, with the parameters of the
+        // smallest bucket (a step's new tokens are few).
         for (const KernelVariant &v : kKernelVariants) {
             if (v.op != KernelOp::forward) {
                 rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),

@@ -190,6 +190,7 @@ enum class KernelOp {
     qkv_projection,  // a decode step's first half: the new tokens' fused QKV projection
     decode,          // its second half: the new tokens' attention over a KV cache, output
                      // projection included
+    average_heads,   // the attention weights averaged over heads (average_attn_weights=True)
 };
 
 constexpr std::string_view op_name(KernelOp op) {
@@ -200,6 +201,8 @@ constexpr std::string_view op_name(KernelOp op) {
         return "qkv_projection";
     case KernelOp::decode:
         return "decode";
+    case KernelOp::average_heads:
+        return "average_heads";
     }
     return "unknown";
 }
@@ -250,15 +253,16 @@ struct KernelVariant {
     }
     // Decode steps run on the CPU only.
     constexpr bool runs_on(Device device) const {
-        return op == KernelOp::forward || device == Device::cpu;
+        const bool decode_step = op == KernelOp::qkv_projection || op == KernelOp::decode;
+        return !decode_step || device == Device::cpu;
     }
 };
 
 // Forward: every mask kind x weights or not x separate or fused QKV x causal or not. A decode
 // step (causal within its new tokens by definition): one fused QKV projection, and an attention
-// with a byte key-padding mask over the cache or none.
-inline constexpr std::array<KernelVariant, 27> kKernelVariants = [] {
-    std::array<KernelVariant, 27> all{};
+// with a byte key-padding mask over the cache or none. The weights averaged over heads.
+inline constexpr std::array<KernelVariant, 28> kKernelVariants = [] {
+    std::array<KernelVariant, 28> all{};
     size_t n = 0;
     for (MaskKind mask : kMaskKinds) {
         for (bool weights : {false, true}) {
@@ -273,6 +277,7 @@ inline constexpr std::array<KernelVariant, 27> kKernelVariants = [] {
     for (MaskKind mask : {MaskKind::none, MaskKind::bytes}) {
         all[n++] = {KernelOp::decode, mask, false, true};
     }
+    all[n++] = {KernelOp::average_heads};
     return all;
 }();
 
@@ -312,8 +317,11 @@ enum class ArgId {
     output,
     weights,
     qkv_rows,
+    // The weights averaged over heads.
+    head_weights,
+    averaged_weights,
 };
-inline constexpr size_t kArgCount = size_t(ArgId::qkv_rows) + 1;
+inline constexpr size_t kArgCount = size_t(ArgId::averaged_weights) + 1;
 
 struct ArgSpec {
     ArgId id;
@@ -363,6 +371,10 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::weights, "weights", ArgKind::output_buffer, ElementType::f32, 4, "(j, i, h, b)"},
     {ArgId::qkv_rows, "qkv_rows", ArgKind::output_buffer, ElementType::f32, 3,
      "(f, i, b): q, k, v stacked as in qkv_weight"},
+    {ArgId::head_weights, "head_weights", ArgKind::input_buffer, ElementType::f32, 4,
+     "(j, i, h, b): the weights of each head"},
+    {ArgId::averaged_weights, "averaged_weights", ArgKind::output_buffer, ElementType::f32, 3,
+     "(j, i, b): their mean over heads"},
 }};
 
 constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
@@ -385,6 +397,11 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         for (ArgId id : {ArgId::query, ArgId::qkv_weight, ArgId::qkv_bias, ArgId::qkv_rows}) {
             list.push(id);
         }
+        return list;
+    }
+    if (v.op == KernelOp::average_heads) {
+        list.push(ArgId::head_weights);
+        list.push(ArgId::averaged_weights);
         return list;
     }
     if (v.op == KernelOp::decode) {

@@ -313,6 +313,52 @@ private:
     mha::DecodeStages stages_;
 };
 
+// The attention weights averaged over heads (nn.MultiheadAttention's average_attn_weights),
+// from the per-head weights a forward kernel wrote.
+class AverageHeads : public Generator<AverageHeads> {
+public:
+    GeneratorParam<std::string> schedule_params{"schedule", ""};
+
+    void configure() { args_.declare(*this, {mha::contract::KernelOp::average_heads}); }
+
+    void generate() {
+        GeneratorInput<Buffer<>> &heads = args_.input(ArgId::head_weights);
+        const Expr num_heads = heads.dim(2).extent();
+        RDom h(0, num_heads, "h");
+        Func sum("head_sum");
+        sum(v_.j, v_.i, v_.b) = 0.0f;
+        sum(v_.j, v_.i, v_.b) += heads(v_.j, v_.i, h, v_.b);
+        averaged_ = args_.output(ArgId::averaged_weights);
+        averaged_(v_.j, v_.i, v_.b) = sum(v_.j, v_.i, v_.b) / cast<float>(num_heads);
+        sum_ = sum;
+    }
+
+    void schedule() {
+        Var jo("jo"), ji("ji"), row("row");
+        if (get_target().has_gpu_feature()) {
+            averaged_.compute_root()
+                .split(v_.j, jo, ji, 32, TailStrategy::GuardWithIf)
+                .fuse(v_.i, v_.b, row)
+                .gpu_blocks(jo, row)
+                .gpu_threads(ji);
+            sum_.compute_at(averaged_, ji);
+            return;
+        }
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
+        averaged_.compute_root()
+            .fuse(v_.i, v_.b, row)
+            .vectorize(v_.j, params.vector_lanes, TailStrategy::GuardWithIf);
+        mha::cpu::fork_over_cores(averaged_, row, params);
+        sum_.compute_at(averaged_, v_.j).vectorize(v_.j);
+        sum_.update().vectorize(v_.j);
+    }
+
+private:
+    ContractArguments args_;
+    mha::StageVars v_;
+    Func averaged_, sum_;
+};
+
 // Built for every CPU instruction set of the contract at once (Halide's multi-target dispatch
 // runs the best one the CPU supports), it returns the index of the instruction set that ran.
 class CpuIsaProbe : public Generator<CpuIsaProbe> {
@@ -336,4 +382,5 @@ public:
 HALIDE_REGISTER_GENERATOR(MultiHeadAttentionForward, mha_forward)
 HALIDE_REGISTER_GENERATOR(QkvProjection, mha_qkv_projection)
 HALIDE_REGISTER_GENERATOR(DecodeAttention, mha_decode)
+HALIDE_REGISTER_GENERATOR(AverageHeads, mha_average_heads)
 HALIDE_REGISTER_GENERATOR(CpuIsaProbe, mha_cpu_isa_probe)

@@ -118,7 +118,10 @@ Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with
     Outputs r;
     r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
     std::optional<MutableTensor> weights;
-    if (with_weights) {
+    if (with_weights && p.average_weights) {
+        r.weights.assign(d.batch * d.query_len * d.key_len, NAN);
+        weights = MutableTensor{r.weights.data(), {d.batch, d.query_len, d.key_len}};
+    } else if (with_weights) {
         r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
         weights = MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
@@ -165,6 +168,7 @@ ForwardOptions options_view(const Problem &p, const std::optional<MutableTensor>
     }
     o.causal = p.causal;
     o.weights = weights;
+    o.average_weights = p.average_weights;
     return o;
 }
 
@@ -377,6 +381,14 @@ Result forward(const Problem &p) {
     r.weights = masked_softmax(scores, p);
     const auto context = attend_values(r.weights, split_heads(v, B, Sk, H, d), B * H, Sq, Sk, d);
     r.output = linear(merge_heads(context, B, Sq, H, d), B * Sq, E, p.weight[3], p.bias[3]);
+    if (p.average_weights) {
+        std::vector<double> mean(B * Sq * Sk, 0.0);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t ij = 0; ij < Sq * Sk; ij++)
+                    mean[b * Sq * Sk + ij] += r.weights[(b * H + h) * Sq * Sk + ij] / double(H);
+        r.weights = std::move(mean);
+    }
     return r;
 }
 

@@ -40,6 +40,7 @@ struct Problem {
     std::vector<float> additive;
     std::optional<TorchMask> key_padding_mask, attn_mask;
     Causal causal = Causal::none;
+    bool average_weights = false;  // weights averaged over heads, [B, Sq, Sk]
 };
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
@@ -72,7 +73,8 @@ ForwardOptions options_view(const Problem &p,
                             const std::optional<MutableTensor> &weights = std::nullopt);
 
 // What `module` computes for `p`: output [B, Sq, E] and, when requested, weights [B, H, Sq, Sk]
-// (empty otherwise); buffers start as NaN so that anything left unwritten shows.
+// or, averaged, [B, Sq, Sk] (empty otherwise); buffers start as NaN so that anything left
+// unwritten shows.
 struct Outputs {
     std::vector<float> output, weights;
 };
@@ -116,7 +118,7 @@ bool is_blocked(MaskConvention convention, const std::vector<int64_t> &mask_shap
 
 struct Result {
     std::vector<double> output;   // [B, Sq, E]
-    std::vector<double> weights;  // [B, H, Sq, Sk]
+    std::vector<double> weights;  // [B, H, Sq, Sk], or [B, Sq, Sk] averaged over heads
 };
 Result forward(const Problem &p);
 

@@ -130,6 +130,12 @@ TEST_F(ModuleErrors, OutputAndWeightsShapes) {
     const mha::MutableTensor bad_weights{weights.data(), {2, 3, 5, 6}};
     expect_error([&] { module.forward(q(), k(), v(), output_view(), std::nullopt, bad_weights); },
                  "weights has shape [2, 3, 5, 6] but must be [2, 3, 5, 7]");
+    mha::ForwardOptions averaged;
+    averaged.weights = mha::MutableTensor{weights.data(), {2, 3, 5, 7}};
+    averaged.average_weights = true;
+    expect_error([&] { module.forward(q(), k(), v(), output_view(), averaged); },
+                 "weights has shape [2, 3, 5, 7] but must have 3 dimensions [batch, query length, "
+                 "key length]");
 }
 
 TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {

@@ -340,4 +340,18 @@ TEST(ForwardFeatures, MissingBiasIsZero) {
               kTolerance);
 }
 
+// PyTorch's average_attn_weights=True: the weights [B, Sq, Sk] averaged over heads, computed by
+// the library (an averaging kernel over the per-head weights), with masks and causal order.
+TEST(ForwardFeatures, AveragedWeightsMatchTheReferenceMean) {
+    for (const Dims &d : {Dims{2, 5, 7, 12, 3}, Dims{1, 9, 9, 8, 1}, Dims{3, 4, 17, 30, 5}}) {
+        Problem p =
+            mha::reference::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
+        mha::reference::add_random_mask(p, MaskConvention::block, {d.batch, 1, 1, d.key_len},
+                                        mha::testing::next_seed());
+        p.causal = mha::Causal::bottom_right;
+        p.average_weights = true;
+        expect_matches_reference(p, true);
+    }
+}
+
 }  // namespace

@@ -95,6 +95,14 @@ TEST_F(OpenCl, KdimVdimAndCausal) {
     }
 }
 
+// The weights averaged over heads on the device: the mean of the per-head weights.
+TEST_F(OpenCl, AveragedWeights) {
+    Problem p = mha::reference::random_problem({2, 6, 9, 12, 3}, mha::testing::next_seed());
+    p.average_weights = true;
+    const auto module = mha::reference::make_module(p, Device::opencl);
+    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+}
+
 // Every mask family and combination (tests/mask_setups.h), cross- and self-attention.
 class OpenClMasks : public OpenCl, public ::testing::WithParamInterface<mha::testing::MaskSetup> {};
 

@@ -44,6 +44,7 @@ struct MultiHeadAttention::Call {
     const detail::CompiledKernel *kernel;
     std::array<int64_t, 4> weights_shape;  // [B, H, Sq, Sk]
     detail::KernelMask mask;
+    const detail::CompiledKernel *average_kernel = nullptr;  // when averaged weights are asked
 };
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
@@ -166,7 +167,12 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     const detail::KernelComponent &component = *component_for(device_);
     const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
     call.kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk), variant);
-    if (call.kernel == nullptr) {
+    if (options.weights && options.average_weights) {
+        call.average_kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk),
+                                                  {contract::KernelOp::average_heads});
+    }
+    if (call.kernel == nullptr ||
+        (options.average_weights && options.weights && call.average_kernel == nullptr)) {
         throw Error(fmt::format("internal error: the {} kernels have no variant for this call",
                                 contract::device_name(device_)));
     }
@@ -194,7 +200,19 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     const Call call = prepare(query, key, value, options);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     check_tensor("output", output, std::array{B, Sq, E});
-    if (weights) {
+    const bool averaged = weights && options.average_weights;
+    const auto [H, Sk] = std::pair{call.weights_shape[1], call.weights_shape[3]};
+    if (averaged) {
+        check_view("weights", *weights, 3, "[batch, query length, key length]");
+        check_tensor("weights", *weights, std::array{B, Sq, Sk});
+        // The per-head weights the mean is taken over are the library's: they must fit a kernel.
+        if (B * Sq * Sk > kMaxBufferBytes / int64_t(sizeof(float)) / H) {
+            throw Error(fmt::format(
+                "averaged weights of [B, Sq, Sk] = [{}, {}, {}] over {} heads: the per-head "
+                "weights exceed the {} bytes a kernel addresses",
+                B, Sq, Sk, H, kMaxBufferBytes));
+        }
+    } else if (weights) {
         check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
         check_tensor("weights", *weights, call.weights_shape);
     }
@@ -227,8 +245,20 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         values[size_t(bytes ? ArgId::mask : ArgId::additive_mask)] = mask_buffer.raw_buffer();
         values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;
     }
-    if (weights) {
+    // With averages asked for, the forward kernel writes each head's weights into the library's
+    // own buffer, which the averaging kernel then reads.
+    std::vector<float> head_weights;
+    detail::HostBuffer averaged_buffer;
+    if (averaged) {
+        head_weights.resize(B * H * Sq * Sk);
+        weights_buffer = detail::dense_buffer(MutableTensor{head_weights.data(), {B, H, Sq, Sk}});
+        averaged_buffer = detail::dense_buffer(*weights);
+        values[size_t(ArgId::head_weights)] = weights_buffer.raw_buffer();
+        values[size_t(ArgId::averaged_weights)] = averaged_buffer.raw_buffer();
+    } else if (weights) {
         weights_buffer = detail::dense_buffer(*weights);
+    }
+    if (weights) {
         values[size_t(ArgId::weights)] = weights_buffer.raw_buffer();
     }
     int32_t head_dim = static_cast<int32_t>(E / num_heads_);
@@ -256,16 +286,24 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
             detail::place_on_device(mask_buffer, call.mask.device_handle, true, component, context);
         }
         detail::place_on_device(out, output.device_handle, false, component, context);
-        if (weights) {
+        if (averaged) {
+            detail::place_on_device(weights_buffer, 0, false, component, context);
+            detail::place_on_device(averaged_buffer, weights->device_handle, false, component,
+                                    context);
+        } else if (weights) {
             detail::place_on_device(weights_buffer, weights->device_handle, false, component,
                                     context);
         }
     }
     detail::call_kernel(*call.kernel, context, values);
+    if (averaged) {
+        detail::call_kernel(*call.average_kernel, context, values);
+    }
     if (device_ != Device::cpu) {
         detail::copy_output_to_host(out, output.device_handle, context);
         if (weights) {
-            detail::copy_output_to_host(weights_buffer, weights->device_handle, context);
+            detail::copy_output_to_host(averaged ? averaged_buffer : weights_buffer,
+                                        weights->device_handle, context);
         }
     }
 }

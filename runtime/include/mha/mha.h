@@ -107,8 +107,10 @@ struct ForwardOptions {
     // with Sq > Sk) gets weights 0 and a zero context, so its output is the output bias, as
     // FlashAttention and PyTorch's scaled_dot_product_attention with causal_lower_right give.
     Causal causal = Causal::none;
-    // When given, the attention weights [B, H, Sq, Sk] (per head, not averaged).
+    // When given, the attention weights: [B, H, Sq, Sk], each head's, or with average_weights
+    // (PyTorch's average_attn_weights=True, its default) [B, Sq, Sk], their mean over heads.
     std::optional<MutableTensor> weights;
+    bool average_weights = false;
 };
 
 // One nn.Linear(in, E): weight [E, in] in [out, in] layout, bias [E] or none (zero).

@@ -64,10 +64,15 @@ struct TorchMask {
     bool blocks(int64_t offset) const { return static_cast<const uint8_t *>(data)[offset] != 0; }
 };
 
+// PyTorch's two masks.
+enum class TorchArgument { key_padding_mask, attn_mask };
+
 // key_padding_mask [B, Sk], or attn_mask [Sq, Sk] or [B·H, Sq, Sk].
-TorchMask torch_mask(const char *name, const MaskTensor &mask, const std::array<int64_t, 4> &full) {
+TorchMask torch_mask(TorchArgument which, const MaskTensor &mask,
+                     const std::array<int64_t, 4> &full) {
     const int64_t B = full[0], H = full[1], Sq = full[2], Sk = full[3];
-    const bool key_padding = std::string_view(name) == "key_padding_mask";
+    const bool key_padding = which == TorchArgument::key_padding_mask;
+    const char *name = key_padding ? "key_padding_mask" : "attn_mask";
     return std::visit(
         [&](const auto &t) {
             TorchMask m{std::is_same_v<std::decay_t<decltype(t)>, BoolTensor>,
@@ -107,8 +112,8 @@ struct Combination {
 };
 
 Combination combination(const ForwardOptions &o, const std::array<int64_t, 4> &full) {
-    Combination c{torch_mask("key_padding_mask", *o.key_padding_mask, full),
-                  torch_mask("attn_mask", *o.attn_mask, full), 1};
+    Combination c{torch_mask(TorchArgument::key_padding_mask, *o.key_padding_mask, full),
+                  torch_mask(TorchArgument::attn_mask, *o.attn_mask, full), 1};
     c.heads = c.attn.per_head ? full[1] : 1;
     return c;
 }
@@ -154,9 +159,10 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
         const int64_t plane = full[2] * full[3];
         k.strides = {c.heads * plane, c.heads == 1 ? 0 : plane, full[3], 1};
     } else if (torch_masks) {
-        const TorchMask m = o.key_padding_mask
-                                ? torch_mask("key_padding_mask", *o.key_padding_mask, full)
-                                : torch_mask("attn_mask", *o.attn_mask, full);
+        const TorchMask m =
+            o.key_padding_mask
+                ? torch_mask(TorchArgument::key_padding_mask, *o.key_padding_mask, full)
+                : torch_mask(TorchArgument::attn_mask, *o.attn_mask, full);
         k.kind = m.is_bool ? MaskKind::bytes : MaskKind::additive;
         k.blocks_nonzero = 1;
         k.strides = m.strides;

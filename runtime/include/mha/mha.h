@@ -226,7 +226,7 @@ std::string dispatched_isa();
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
     std::string name;  // e.g. mha_forward_cpu_avx512_small_bytes_mask_fused_weights
-    std::string op;    // forward | qkv_projection | decode
+    std::string op;    // forward | qkv_projection | decode | average_heads
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs

@@ -26,6 +26,7 @@ struct Options {
     Dims dims{2, 5, 5, 512, 8};  // the seed's example
     bool key_len_given = false;
     int64_t kdim = 0, vdim = 0;  // the key's and value's features; 0: E
+    int64_t kv_heads = 0;        // key/value heads; 0: H
     std::string mask = "none";   // none, a mask convention, or additive
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Causal causal = mha::Causal::none;
@@ -71,7 +72,10 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     size("--embed-dim", o.dims.embed_dim, "embedding dimension E");
     size("--heads", o.dims.num_heads, "number of heads H, dividing E");
     for (auto [flag, value, what] : {std::tuple{"--kdim", &o.kdim, "key features (default: E)"},
-                                     {"--vdim", &o.vdim, "value features (default: E)"}}) {
+                                     {"--vdim", &o.vdim, "value features (default: E)"},
+                                     {"--kv-heads", &o.kv_heads,
+                                      "key/value heads, dividing H (grouped-query attention; "
+                                      "default: H)"}}) {
         app.add_option(flag, *value, what)->check(mha::tools::positive_integer())->type_name("N");
     }
     std::vector<std::string> masks = {"none"};
@@ -222,7 +226,7 @@ int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given && o.kdim == 0 && o.vdim == 0;
     mha::reference::Problem problem =
-        mha::reference::random_problem(d, o.seed, self, o.kdim, o.vdim);
+        mha::reference::random_problem(d, o.seed, self, o.kdim, o.vdim, o.kv_heads);
     if (o.mask == "additive") {
         mha::reference::add_random_additive_mask(problem, {d.batch, 1, d.query_len, d.key_len},
                                                  true, o.seed + 1);
@@ -298,8 +302,8 @@ int run(const Options &o) {
 int run_decode(const Options &o) {
     const Dims &d = o.dims;
     const int64_t B = d.batch, N = d.key_len, E = d.embed_dim, H = d.num_heads, hd = d.head_dim();
-    mha::reference::Problem problem =
-        mha::reference::random_problem({B, 1, N + 1, E, d.num_heads}, o.seed);
+    mha::reference::Problem problem = mha::reference::random_problem(
+        {B, 1, N + 1, E, d.num_heads}, o.seed, false, 0, 0, o.kv_heads);
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
     mha::KvCache cache = module.make_cache(B, N + 1);
     // The sequences are problem.key (= problem.value): the first N tokens of each row fill the

@@ -293,6 +293,7 @@ enum class ArgId {
     key,
     value,
     head_dim,
+    kv_heads,
     q_weight,
     q_bias,
     k_weight,
@@ -337,6 +338,8 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::key, "key", ArgKind::input_buffer, ElementType::f32, 3, "(kdim, sk, b)"},
     {ArgId::value, "value", ArgKind::input_buffer, ElementType::f32, 3, "(vdim, sk, b)"},
     {ArgId::head_dim, "head_dim", ArgKind::input_scalar, ElementType::i32, 0, "E / H"},
+    {ArgId::kv_heads, "kv_heads", ArgKind::input_scalar, ElementType::i32, 0,
+     "key/value heads, dividing H: query head h reads kv head h / (H / kv_heads)"},
     {ArgId::q_weight, "q_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wqᵀ panels"},
     {ArgId::q_bias, "q_bias", ArgKind::input_buffer, ElementType::f32, 1, "(padded out)"},
     {ArgId::k_weight, "k_weight", ArgKind::input_buffer, ElementType::f32, 3, "Wkᵀ panels"},
@@ -405,9 +408,9 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         return list;
     }
     if (v.op == KernelOp::decode) {
-        for (ArgId id :
-             {ArgId::new_qkv, ArgId::head_dim, ArgId::key_cache, ArgId::value_cache,
-              ArgId::cached_lengths, ArgId::new_counts, ArgId::out_weight, ArgId::out_bias}) {
+        for (ArgId id : {ArgId::new_qkv, ArgId::head_dim, ArgId::kv_heads, ArgId::key_cache,
+                         ArgId::value_cache, ArgId::cached_lengths, ArgId::new_counts,
+                         ArgId::out_weight, ArgId::out_bias}) {
             list.push(id);
         }
         if (v.mask == MaskKind::bytes) {
@@ -423,6 +426,7 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         list.push(ArgId::value);
     }
     list.push(ArgId::head_dim);
+    list.push(ArgId::kv_heads);
     if (v.fused_qkv) {
         list.push(ArgId::qkv_weight);
         list.push(ArgId::qkv_bias);
@@ -468,22 +472,23 @@ constexpr Int round_up(Int x, int multiple) {
 }
 
 // Output features each prepacked projection Wᵀ (and bias) is zero-padded to, so that a schedule
-// may compute whole tiles past E: far enough for the last head rounded up to a whole tile,
-// itself rounded up to a whole tile.
+// may compute whole tiles past its `features` (E, or kv_heads · d for K and V): far enough for
+// the last head rounded up to a whole tile, itself rounded up to a whole tile.
 template <typename Int>
-constexpr Int padded_features(Int embed_dim, Int head_dim) {
-    return round_up(embed_dim - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
+constexpr Int padded_features(Int features, Int head_dim) {
+    return round_up(features - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
 }
 
 // A decode kernel reads the key cache in whole tiles of this many keys: caches hold a multiple
 // of it, and the runtime passes them cropped to one.
 inline constexpr int kCacheKeyTile = 64;
 
-// The fused QKV weights stack Wq, Wk, Wv along the output features, each `padded` wide: the
-// first output feature of projection p (0 = q, 1 = k, 2 = v).
+// The fused QKV weights stack Wq, Wk, Wv along the output features, Wq `padded_q` wide, Wk and
+// Wv `padded_kv` (grouped-query heads have fewer key/value features): the first output feature
+// of projection p (0 = q, 1 = k, 2 = v).
 template <typename Int>
-constexpr Int qkv_block_offset(int projection, Int padded) {
-    return padded * projection;
+constexpr Int qkv_block_offset(int projection, Int padded_q, Int padded_kv) {
+    return projection == 0 ? Int(0) : padded_q + padded_kv * (projection - 1);
 }
 inline constexpr int kQkvProjections = 3;
 

@@ -17,8 +17,9 @@ namespace mha {
 
 struct DecodeInputs {
     Halide::Func new_qkv;                     // (f, i, b): the new tokens' fused QKV projections
-    Halide::Func key_cache;                   // (j, c, h, b)
-    Halide::Func value_cache;                 // (c, j, h, b)
+    Halide::Func key_cache;                   // (j, c, kv head, b)
+    Halide::Func value_cache;                 // (c, j, kv head, b)
+    Halide::Expr kv_heads;                    // dividing the query heads
     Halide::Func cached_lengths, new_counts;  // (b)
     Halide::Func cache_mask;                  // (j, b), or undefined
     Halide::Expr mask_blocks_nonzero;         // the cache mask's convention
@@ -46,8 +47,10 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     f.new_tokens = in.new_tokens;
     f.num_keys = in.num_keys;
     f.q_heads(v.c, v.i, v.h, v.b) = in.new_qkv(v.h * in.head_dim + v.c, v.i, v.b);
-    f.k_heads(v.c, v.s, v.h, v.b) = in.key_cache(v.s, v.c, v.h, v.b);
-    f.v_heads(v.c, v.s, v.h, v.b) = in.value_cache(v.c, v.s, v.h, v.b);
+    // Query head h reads cached key/value head h / group (grouped-query attention).
+    const Expr kv_head = kv_head_of(v, in.embed_dim / in.head_dim / in.kv_heads);
+    f.k_heads(v.c, v.s, v.h, v.b) = in.key_cache(v.s, v.c, kv_head, v.b);
+    f.v_heads(v.c, v.s, v.h, v.b) = in.value_cache(v.c, v.s, kv_head, v.b);
     f.scores = scaled_scores(v, f.q_heads, f.k_heads, in.head_dim);
 
     const Expr cached = in.cached_lengths(v.b);

@@ -35,7 +35,7 @@ struct ForwardInputs {
     // Fused QKV (self-attention, query = key = value): Wq, Wk, Wv stacked along the output
     // features, each block `padded` wide. Used when defined.
     Halide::Func qkv_weight_t, qkv_bias;
-    Halide::Expr padded;
+    Halide::Expr padded, padded_kv;  // of the q and the k, v blocks (qkv_block_offset)
     Halide::Func out_weight_t, out_bias;
     Halide::Func mask;                 // (j, i, h, b) extended by repeat-edge, or undefined
     Halide::Expr mask_blocks_nonzero;  // the mask's convention (see masked_softmax)
@@ -52,6 +52,7 @@ struct ForwardInputs {
     // head_dim is a scalar input, not E / H, so that a schedule can specialize on its value.
     Halide::Expr embed_dim, head_dim, query_len, num_keys, batch;
     Halide::Expr key_features, value_features;  // kdim and vdim: E when fused
+    Halide::Expr kv_heads;                      // key/value heads, dividing E / head_dim
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
@@ -86,10 +87,10 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
                                            in.embed_dim, "qkv_proj");
         f.q_proj = token_view(v, qkv.result, Sq, 0, "q_proj");
-        f.k_proj =
-            token_view(v, qkv.result, Sq, contract::qkv_block_offset(1, in.padded), "k_proj");
-        f.v_proj =
-            token_view(v, qkv.result, Sq, contract::qkv_block_offset(2, in.padded), "v_proj");
+        f.k_proj = token_view(v, qkv.result, Sq,
+                              contract::qkv_block_offset(1, in.padded, in.padded_kv), "k_proj");
+        f.v_proj = token_view(v, qkv.result, Sq,
+                              contract::qkv_block_offset(2, in.padded, in.padded_kv), "v_proj");
         f.input_projections = {qkv};
     } else {
         f.input_projections = {
@@ -103,13 +104,16 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         f.v_proj = token_view(v, f.input_projections[2].result, Sk, 0, "v_view");
     }
     f.q_heads = split_heads(v, f.q_proj, f.head_dim, "q_heads");
+    // K and V have kv_heads heads, each read by a group of query heads, never copied per query
+    // head.
     f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
     f.v_heads = split_heads(v, f.v_proj, f.head_dim, "v_heads");
-    f.scores = scaled_scores(v, f.q_heads, f.k_heads, f.head_dim);
+    const Halide::Expr group = in.embed_dim / in.head_dim / in.kv_heads;
+    f.scores = scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "", group);
     ScoreSources sources{f.scores.result, f.scores.result, f.scores.result};
     if (in.recompute_scores) {
-        f.stat_scores = {scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_max"),
-                         scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_sum")};
+        f.stat_scores = {scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_max", group),
+                         scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_sum", group)};
         sources.for_max = f.stat_scores[0].result;
         sources.for_sum = f.stat_scores[1].result;
     }
@@ -135,7 +139,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
             visible_keys.defined() ? Halide::select(v.j < visible_keys, read, 0.0f) : read;
     }
     f.weights_for_values = weights;
-    f.context = attend_values(v, weights, f.v_heads, in.num_keys, causal);
+    f.context = attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = linear_projection(v, token_rows(v, f.merged, Sq, B, "merged_rows"),
                                    in.out_weight_t, in.out_bias, in.embed_dim, "out_proj");

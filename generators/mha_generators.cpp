@@ -113,7 +113,9 @@ public:
         in.query_len = query.dim(1).extent();
         in.batch = query.dim(2).extent();
         in.query = query;
+        in.kv_heads = args_.scalar(ArgId::kv_heads);
         in.padded = mha::contract::padded_features(in.embed_dim, in.head_dim);
+        in.padded_kv = mha::contract::padded_features(in.kv_heads * in.head_dim, in.head_dim);
         if (fused) {
             in.num_keys = in.query_len;
             in.key_features = in.value_features = in.embed_dim;
@@ -215,6 +217,7 @@ private:
             }
         }
         args_.scalar_input(ArgId::head_dim).set_estimate(d);
+        args_.scalar_input(ArgId::kv_heads).set_estimate(H);
         if (causal) {
             args_.scalar_input(ArgId::causal_offset).set_estimate(Sk - Sq);
         }
@@ -293,10 +296,12 @@ public:
         in.out_weight_t = mha::panel_view(args_.input(ArgId::out_weight), "out_weight_t");
         in.out_bias = args_.input(ArgId::out_bias);
         in.head_dim = args_.scalar(ArgId::head_dim);
+        in.kv_heads = args_.scalar(ArgId::kv_heads);
         in.num_keys = key_cache.dim(0).extent();
         in.new_tokens = new_qkv.dim(1).extent();
         in.batch = new_qkv.dim(2).extent();
-        in.embed_dim = key_cache.dim(2).extent() * in.head_dim;
+        // The output projection's input features: E (the cache holds kv_heads heads, fewer).
+        in.embed_dim = args_.input(ArgId::out_weight).dim(1).extent();
         stages_ = mha::define_decode(in);
         const mha::StageVars &v = stages_.v;
         args_.output(ArgId::output)(v.e, v.s, v.b) = stages_.output(v.e, v.s, v.b);

@@ -80,7 +80,13 @@ inline Halide::Func split_heads(const StageVars &v, const Halide::Func &x,
     return heads;
 }
 
-// scores(j, i, h, b) = (q_i · k_j) / sqrt(d), over the d features of head h.
+// Grouped-query attention: query head h reads key/value head h / group (group = 1: one key/value
+// head per query head, multi-head attention as the seed has it).
+inline Halide::Expr kv_head_of(const StageVars &v, const Halide::Expr &group) {
+    return group.defined() ? v.h / group : Halide::Expr(v.h);
+}
+
+// scores(j, i, h, b) = (q_i · k_j) / sqrt(d), over the d features of head h (and its key head).
 struct ScaledScores {
     Halide::Func dot;     // unscaled q·kᵀ, the reduction
     Halide::Func result;  // dot / sqrt(d)
@@ -88,11 +94,13 @@ struct ScaledScores {
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
-                                  const std::string &suffix = "") {
+                                  const std::string &suffix = "",
+                                  const Halide::Expr &kv_group = Halide::Expr()) {
     ScaledScores s{Halide::Func("qk_dot" + suffix), Halide::Func("scaled_scores" + suffix),
                    Halide::RDom(0, head_dim, "scores_c" + suffix)};
     s.dot(v.j, v.i, v.h, v.b) = 0.0f;
-    s.dot(v.j, v.i, v.h, v.b) += q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, v.h, v.b);
+    s.dot(v.j, v.i, v.h, v.b) +=
+        q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, kv_head_of(v, kv_group), v.b);
     Halide::Expr scale = 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
     s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * scale;
     return s;
@@ -225,7 +233,8 @@ struct CausalBlocks {
 };
 inline AttendValues attend_values(const StageVars &v, const Halide::Func &weights,
                                   const Halide::Func &v_heads, const Halide::Expr &num_keys,
-                                  const CausalBlocks &causal = {}) {
+                                  const CausalBlocks &causal = {},
+                                  const Halide::Expr &kv_group = Halide::Expr()) {
     AttendValues a{Halide::Func("attend_values"), Halide::RDom(0, num_keys, "values_j")};
     Halide::Expr key = a.j.x;
     if (causal.visible_keys.defined()) {
@@ -238,7 +247,8 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
         key = kb > 1 ? Halide::min(a.j.x * kb + a.j.y, Halide::max(blocks * kb - 1, 0)) : a.j.x;
     }
     a.result(v.c, v.i, v.h, v.b) = 0.0f;
-    a.result(v.c, v.i, v.h, v.b) += weights(key, v.i, v.h, v.b) * v_heads(v.c, key, v.h, v.b);
+    a.result(v.c, v.i, v.h, v.b) +=
+        weights(key, v.i, v.h, v.b) * v_heads(v.c, key, kv_head_of(v, kv_group), v.b);
     return a;
 }
 

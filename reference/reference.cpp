@@ -28,14 +28,19 @@ int64_t product(const std::vector<int64_t> &shape) {
 
 }  // namespace
 
+int64_t out_features(const Problem &p, int l) {
+    return l == 1 || l == 2 ? p.kv_heads * p.dims.head_dim() : p.dims.embed_dim;
+}
+
 Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention, int64_t kdim,
-                       int64_t vdim) {
+                       int64_t vdim, int64_t kv_heads) {
     std::mt19937_64 rng(seed);
     Problem p;
     p.dims = dims;
     p.self_attention = self_attention;
     const int64_t E = dims.embed_dim;
     p.in_features = {E, kdim > 0 ? kdim : E, vdim > 0 ? vdim : E, E};
+    p.kv_heads = kv_heads > 0 ? kv_heads : dims.num_heads;
     p.query = uniform(dims.batch * dims.query_len * E, 1.0f, rng);
     if (self_attention) {
         p.key = p.query;
@@ -47,8 +52,8 @@ Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention, int
     for (int l = 0; l < 4; l++) {
         // nn.Linear's default initialization bound, 1/sqrt(in_features).
         const float bound = 1.0f / std::sqrt(static_cast<float>(p.in_features[l]));
-        p.weight[l] = uniform(E * p.in_features[l], bound, rng);
-        p.bias[l] = uniform(E, bound, rng);
+        p.weight[l] = uniform(out_features(p, l) * p.in_features[l], bound, rng);
+        p.bias[l] = uniform(out_features(p, l), bound, rng);
     }
     return p;
 }
@@ -99,10 +104,10 @@ TorchMask random_torch_mask(bool is_bool, std::vector<int64_t> shape, uint64_t s
 }
 
 std::array<Linear, 4> linears(const Problem &p) {
-    const int64_t E = p.dims.embed_dim;
     std::array<Linear, 4> lin;
     for (int l = 0; l < 4; l++) {
-        lin[l] = {Tensor{p.weight[l].data(), {E, p.in_features[l]}}, Tensor{p.bias[l].data(), {E}}};
+        lin[l] = {Tensor{p.weight[l].data(), {out_features(p, l), p.in_features[l]}},
+                  Tensor{p.bias[l].data(), {out_features(p, l)}}};
     }
     return lin;
 }
@@ -375,11 +380,22 @@ Result forward(const Problem &p) {
     const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
     const auto k = linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]);
     const auto v = linear(to_double(p.value), B * Sk, p.in_features[2], p.weight[2], p.bias[2]);
+    // Each query head's key/value head: h / (H / kv_heads), repeated for the group.
+    const auto per_query_head = [&](const std::vector<double> &x) {
+        const int64_t Hkv = p.kv_heads, group = H / Hkv;
+        const std::vector<double> heads = split_heads(x, B, Sk, Hkv, d);
+        std::vector<double> repeated(B * H * Sk * d);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++)
+                std::copy_n(heads.begin() + ((b * Hkv + h / group) * Sk) * d, Sk * d,
+                            repeated.begin() + ((b * H + h) * Sk) * d);
+        return repeated;
+    };
     const auto scores =
-        scaled_scores(split_heads(q, B, Sq, H, d), split_heads(k, B, Sk, H, d), B * H, Sq, Sk, d);
+        scaled_scores(split_heads(q, B, Sq, H, d), per_query_head(k), B * H, Sq, Sk, d);
     Result r;
     r.weights = masked_softmax(scores, p);
-    const auto context = attend_values(r.weights, split_heads(v, B, Sk, H, d), B * H, Sq, Sk, d);
+    const auto context = attend_values(r.weights, per_query_head(v), B * H, Sq, Sk, d);
     r.output = linear(merge_heads(context, B, Sq, H, d), B * Sq, E, p.weight[3], p.bias[3]);
     if (p.average_weights) {
         std::vector<double> mean(B * Sq * Sk, 0.0);

@@ -31,8 +31,10 @@ struct Problem {
     bool self_attention = false;           // key and value views show `query` itself
     std::vector<float> query, key, value;  // [B, Sq, E], [B, Sk, E], [B, Sk, E]
     std::array<int64_t, 4> in_features{};  // of q, k, v, out: E, kdim, vdim, E
-    std::vector<float> weight[4];          // q, k, v, out: [E, in_features] ([out, in] layout)
-    std::vector<float> bias[4];            // [E]
+    int64_t kv_heads = 0;                  // key/value heads (grouped-query attention)
+    // q, k, v, out: [out, in_features] ([out, in] layout), out = E, or kv_heads · d for k and v.
+    std::vector<float> weight[4];
+    std::vector<float> bias[4];  // [E]
     std::optional<MaskConvention> mask_convention;
     std::vector<int64_t> mask_shape;  // broadcasts to [B, H, Sq, Sk]
     std::vector<uint8_t> mask;
@@ -45,9 +47,11 @@ struct Problem {
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
 // query, key and value (Sq must equal Sk), which selects the fused QKV kernels.
-// kdim and vdim (0: E) are the key's and value's features.
+// kdim and vdim (0: E) are the key's and value's features, kv_heads (0: H) the key/value heads.
 Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention = false,
-                       int64_t kdim = 0, int64_t vdim = 0);
+                       int64_t kdim = 0, int64_t vdim = 0, int64_t kv_heads = 0);
+// Output features of projection l (0 = q, 1 = k, 2 = v, 3 = out).
+int64_t out_features(const Problem &p, int l);
 
 // Adds a random mask of `shape` (about a third of positions blocked) in `convention`.
 void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t> shape,

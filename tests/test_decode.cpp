@@ -31,11 +31,12 @@ std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
 // A batch of sequences decoded step by step, each step checked against the reference.
 class Decoder {
 public:
-    Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity)
+    // kv_heads: key/value heads (0: as many as heads).
+    Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0)
         : E_(embed_dim),
           H_(heads),
-          weights_(mha::reference::random_problem({1, 1, 1, embed_dim, heads},
-                                                  mha::testing::next_seed())),
+          weights_(mha::reference::random_problem(
+              {1, 1, 1, embed_dim, heads}, mha::testing::next_seed(), false, 0, 0, kv_heads)),
           module_(mha::reference::make_module(weights_)),
           cache_(module_.make_cache(batch, capacity)),
           sequences_(batch) {}
@@ -119,21 +120,24 @@ struct DecodeCase {
     const char *name;
     int64_t embed_dim, heads, capacity;
     std::vector<int64_t> prompt;  // per batch row
+    int64_t kv_heads = 0;         // 0: one per head
 };
 const DecodeCase kDecodeCases[] = {
-    {"one_row_head_dim_4", 12, 3, 11, {4}},
-    {"rows_of_different_lengths", 30, 5, 17, {1, 6, 3}},
-    {"one_head_d_20", 20, 1, 11, {2, 5}},
-    {"head_dim_1", 7, 7, 13, {3, 1}},
-    {"several_key_tiles", 16, 2, 151, {67, 130}},
-    {"seed_width", 512, 8, 23, {5, 5}},
+    {"one_row_head_dim_4", 12, 3, 11, {4}, 0},
+    {"rows_of_different_lengths", 30, 5, 17, {1, 6, 3}, 0},
+    {"one_head_d_20", 20, 1, 11, {2, 5}, 0},
+    {"head_dim_1", 7, 7, 13, {3, 1}, 0},
+    {"several_key_tiles", 16, 2, 151, {67, 130}, 0},
+    {"seed_width", 512, 8, 23, {5, 5}, 0},
+    {"grouped_query_heads", 24, 6, 19, {5, 2}, 2},
+    {"multi_query", 16, 4, 75, {3, 66}, 1},
 };
 
 class DecodeSteps : public ::testing::TestWithParam<DecodeCase> {};
 
 TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
     const DecodeCase &c = GetParam();
-    Decoder decoder(int64_t(c.prompt.size()), c.embed_dim, c.heads, c.capacity);
+    Decoder decoder(int64_t(c.prompt.size()), c.embed_dim, c.heads, c.capacity, c.kv_heads);
     decoder.step(c.prompt);  // a prompt chunk, rows of different lengths
     for (int step = 0; step < 4; step++) {
         decoder.step(std::vector<int64_t>(c.prompt.size(), 1));
@@ -144,7 +148,7 @@ TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
 TEST_P(DecodeSteps, KeyPaddingHidesCachePositions) {
     const DecodeCase &c = GetParam();
     const int64_t B = int64_t(c.prompt.size());
-    Decoder decoder(B, c.embed_dim, c.heads, c.capacity);
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads);
     std::vector<uint8_t> keep(B * c.capacity);
     std::mt19937_64 rng(mha::testing::next_seed());
     for (uint8_t &k : keep) {
@@ -157,7 +161,7 @@ TEST_P(DecodeSteps, KeyPaddingHidesCachePositions) {
 TEST_P(DecodeSteps, TruncateAndResetStartOver) {
     const DecodeCase &c = GetParam();
     const int64_t B = int64_t(c.prompt.size());
-    Decoder decoder(B, c.embed_dim, c.heads, c.capacity);
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads);
     decoder.step(c.prompt);
     decoder.step(std::vector<int64_t>(B, 1));
     decoder.truncate(1);

@@ -67,10 +67,15 @@ TEST_F(ModuleErrors, NonPositiveSizes) {
 
 TEST_F(ModuleErrors, WeightAndBiasShapes) {
     // k_proj and v_proj may take other input features (kdim, vdim), q_proj and out_proj not.
-    const mha::Linear bad_weight{{p.weight[1].data(), {11, 12}}, std::nullopt};
+    const mha::Linear bad_weight{{p.weight[2].data(), {8, 12}}, std::nullopt};
     expect_error(
-        [&] { mha::MultiHeadAttention(12, 3, linear(0), bad_weight, linear(2), linear(3)); },
-        "k_proj.weight has shape [11, 12] but must be [12, 12]");
+        [&] { mha::MultiHeadAttention(12, 3, linear(0), linear(1), bad_weight, linear(3)); },
+        "v_proj.weight has shape [8, 12] but must be [12, 12]");
+    // 8 key/value features: not a whole number of heads of 4.
+    const mha::Linear odd_kv{{p.weight[1].data(), {6, 12}}, std::nullopt};
+    expect_error([&] { mha::MultiHeadAttention(12, 3, linear(0), odd_kv, odd_kv, linear(3)); },
+                 "k_proj.weight has 6 output features: must be kv_heads x head_dim (4) with "
+                 "kv_heads dividing num_heads 3");
     const mha::Linear narrow{{p.weight[0].data(), {12, 11}}, std::nullopt};
     expect_error([&] { mha::MultiHeadAttention(12, 3, narrow, linear(1), linear(2), linear(3)); },
                  "q_proj.weight has shape [12, 11] but must be [12, 12]");
@@ -198,6 +203,8 @@ TEST_F(ModuleErrors, HalideRuntimeErrorIsRaised) {
     values[size_t(ArgId::value)] = vb.raw_buffer();
     values[size_t(ArgId::output)] = ob.raw_buffer();
     values[size_t(ArgId::head_dim)] = &head_dim;
+    int32_t kv_heads = 3;
+    values[size_t(ArgId::kv_heads)] = &kv_heads;
     for (ArgId id : {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight, ArgId::out_weight}) {
         values[size_t(id)] = wb.raw_buffer();
     }

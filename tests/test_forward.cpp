@@ -354,4 +354,32 @@ TEST(ForwardFeatures, AveragedWeightsMatchTheReferenceMean) {
     }
 }
 
+// Grouped-query and multi-query heads (kv_heads dividing H; SDPA's enable_gqa semantics: query
+// head h attends with key/value head h / (H / kv_heads)): self-attention (fused QKV) and
+// cross-attention, with masks, causal order and the weights, per head and averaged.
+TEST(ForwardFeatures, GroupedQueryHeadsMatchReference) {
+    struct Case {
+        Dims dims;
+        int64_t kv_heads;
+    };
+    for (const Case &c :
+         {Case{{2, 7, 7, 24, 6}, 2}, Case{{2, 5, 11, 16, 4}, 1}, Case{{1, 9, 9, 192, 2}, 1},
+          Case{{3, 4, 13, 32, 8}, 4}, Case{{1, 33, 33, 12, 3}, 3}}) {
+        const bool self = c.dims.query_len == c.dims.key_len;
+        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), self, 0, 0,
+                                                   c.kv_heads);
+        ASSERT_EQ(mha::reference::make_module(p).num_kv_heads(), c.kv_heads);
+        SCOPED_TRACE(::testing::Message()
+                     << "H " << c.dims.num_heads << " kv_heads " << c.kv_heads);
+        expect_matches_reference(p, true);
+        expect_matches_reference(p, false);
+        mha::reference::add_random_mask(p, MaskConvention::keep,
+                                        {c.dims.batch, 1, 1, c.dims.key_len},
+                                        mha::testing::next_seed());
+        p.causal = mha::Causal::top_left;
+        p.average_weights = true;
+        expect_matches_reference(p, true);
+    }
+}
+
 }  // namespace

@@ -95,6 +95,16 @@ TEST_F(OpenCl, KdimVdimAndCausal) {
     }
 }
 
+// Grouped-query heads on the device, self- and cross-attention.
+TEST_F(OpenCl, GroupedQueryHeads) {
+    for (const Dims &d : {Dims{2, 7, 7, 24, 6}, Dims{1, 5, 9, 16, 4}}) {
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed(),
+                                                   d.query_len == d.key_len, 0, 0, 2);
+        const auto module = mha::reference::make_module(p, Device::opencl);
+        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    }
+}
+
 // The weights averaged over heads on the device: the mean of the per-head weights.
 TEST_F(OpenCl, AveragedWeights) {
     Problem p = mha::reference::random_problem({2, 6, 9, 12, 3}, mha::testing::next_seed());

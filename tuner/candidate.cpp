@@ -100,6 +100,8 @@ int Candidate::run(Workload &work) const {
     values[size_t(contract::ArgId::value)] = v.raw_buffer();
     values[size_t(contract::ArgId::output)] = out.raw_buffer();
     values[size_t(contract::ArgId::head_dim)] = &head_dim;
+    int32_t kv_heads = int32_t(d.num_heads);
+    values[size_t(contract::ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
         if (work.weights->buffers[id]) {
             values[id] = work.weights->buffers[id]->raw_buffer();

@@ -38,7 +38,7 @@ struct KvCacheStorage {
     int64_t batch, capacity, padded_capacity, heads, head_dim;
     std::vector<float> keys, values;
     std::vector<int64_t> lengths;
-    // A step's scratch: the new tokens' projections [B, n, 3P], grown to the largest n seen;
+    // A step's scratch: the new tokens' projections [B, n, P + 2 Pkv], grown to the largest n;
     // each row's cached and new token counts; the key-padding mask over the padded capacity.
     std::vector<float> qkv_rows;
     std::vector<int32_t> cached_lengths, new_counts;
@@ -95,14 +95,15 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
                         kdim(), vdim(), embed_dim_));
     }
     const int64_t padded = contract::round_up(capacity, contract::kCacheKeyTile);
-    if (padded > detail::kMaxBufferBytes / int64_t(sizeof(float)) / (batch * embed_dim_)) {
+    const int64_t kv_features = num_kv_heads() * head_dim();
+    if (padded > detail::kMaxBufferBytes / int64_t(sizeof(float)) / (batch * kv_features)) {
         throw Error(
-            fmt::format("a cache of batch {} and capacity {} at embed_dim {} exceeds the {} "
-                        "bytes a kernel addresses",
-                        batch, capacity, embed_dim_, detail::kMaxBufferBytes));
+            fmt::format("a cache of batch {} and capacity {} at {} key/value features exceeds "
+                        "the {} bytes a kernel addresses",
+                        batch, capacity, kv_features, detail::kMaxBufferBytes));
     }
-    return KvCache(
-        std::make_unique<detail::KvCacheStorage>(packed_, batch, capacity, num_heads_, head_dim()));
+    return KvCache(std::make_unique<detail::KvCacheStorage>(packed_, batch, capacity,
+                                                            num_kv_heads(), head_dim()));
 }
 
 void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
@@ -115,7 +116,9 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
     }
     detail::check_view("tokens", tokens, 3, "[batch, new tokens, embed_dim]");
     const int64_t B = tokens.shape[0], n = tokens.shape[1], E = embed_dim_;
-    const int64_t H = num_heads_, d = head_dim(), P = packed_->padded;
+    // The cache holds the key/value heads (fewer than the query heads with grouped queries).
+    const int64_t H = num_kv_heads(), d = head_dim(), P = packed_->padded;
+    const int64_t Pkv = packed_->padded_kv;
     detail::check_tensor("tokens", tokens, std::array{c.batch, n, E});
     detail::check_tensor("output", output, std::array{B, n, E});
     if (!new_tokens.empty() && int64_t(new_tokens.size()) != B) {
@@ -144,15 +147,15 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
                         c.cache_mask.begin() + b * c.padded_capacity);
         }
     }
-    if (int64_t(c.qkv_rows.size()) < B * n * contract::kQkvProjections * P) {
-        c.qkv_rows.resize(B * n * contract::kQkvProjections * P);
+    const int64_t width = P + 2 * Pkv;  // q, k and v of one token
+    if (int64_t(c.qkv_rows.size()) < B * n * width) {
+        c.qkv_rows.resize(B * n * width);
     }
 
     // The new tokens' projections, q, k and v of each token side by side.
     detail::CallContext context;
     detail::ArgValues values{};
     detail::HostBuffer token_buffer = detail::dense_buffer(tokens);
-    const int64_t width = contract::kQkvProjections * P;
     detail::HostBuffer qkv = detail::view_buffer(c.qkv_rows.data(), halide_type_of<float>(),
                                                  {B, n, width}, {n * width, width, 1});
     values[size_t(ArgId::query)] = token_buffer.raw_buffer();
@@ -178,9 +181,9 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
                 for (int64_t f = 0; f < d; f++) {
                     const int64_t feature = h * d + f;
                     c.keys[((b * H + h) * d + f) * cap + j] =
-                        row[contract::qkv_block_offset(1, P) + feature];
+                        row[contract::qkv_block_offset(1, P, Pkv) + feature];
                     c.values[((b * H + h) * cap + j) * d + f] =
-                        row[contract::qkv_block_offset(2, P) + feature];
+                        row[contract::qkv_block_offset(2, P, Pkv) + feature];
                 }
             }
         }
@@ -203,6 +206,8 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
     int32_t head_dim32 = int32_t(d);
     int32_t blocks_nonzero = key_padding && key_padding->convention == MaskConvention::block;
     values[size_t(ArgId::head_dim)] = &head_dim32;
+    int32_t kv_heads = int32_t(H);
+    values[size_t(ArgId::kv_heads)] = &kv_heads;
     values[size_t(ArgId::key_cache)] = key_cache.raw_buffer();
     values[size_t(ArgId::value_cache)] = value_cache.raw_buffer();
     values[size_t(ArgId::cached_lengths)] = cached.raw_buffer();

@@ -62,32 +62,39 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         throw Error(
             fmt::format("embed_dim {} is not divisible by num_heads {}", embed_dim, num_heads));
     }
-    const int64_t E = embed_dim;
+    const int64_t E = embed_dim, d = E / num_heads;
     const Linear *linears[4] = {&q_proj, &k_proj, &v_proj, &out_proj};
-    int64_t in_features = 0;  // of all four projections
+    // k_proj and v_proj: kv_heads · d output features (grouped-query heads; E without them),
+    // kdim and vdim input features.
+    check_view("k_proj.weight", k_proj.weight, 2, "[kv_heads x head_dim, kdim]");
+    const int64_t kv_features = k_proj.weight.shape[0];
+    if (kv_features % d != 0 || num_heads % (kv_features / d) != 0) {
+        throw Error(fmt::format(
+            "k_proj.weight has {} output features: must be kv_heads x head_dim ({}) with "
+            "kv_heads dividing num_heads {}",
+            kv_features, d, num_heads));
+    }
+    int64_t packed_elements = 0;  // of the four prepacked projections
     for (int p = 0; p < 4; p++) {
         const std::string name = fmt::format("{}.weight", kProjectionNames[p]);
         const Tensor &weight = linears[p]->weight;
-        // k_proj and v_proj take kdim and vdim input features, the others E.
         const bool key_or_value = p == 1 || p == 2;
+        const int64_t out = key_or_value ? kv_features : E;
         check_view(name.c_str(), weight, 2,
-                   key_or_value ? "[embed_dim, in features]" : "[embed_dim, embed_dim]");
-        check_tensor(name.c_str(), weight, std::array{E, key_or_value ? weight.shape[1] : E});
-        in_features += weight.shape[1];
+                   key_or_value ? "[kv_heads x head_dim, in features]" : "[embed_dim, embed_dim]");
+        check_tensor(name.c_str(), weight, std::array{out, key_or_value ? weight.shape[1] : E});
+        if (linears[p]->bias) {
+            check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
+                         std::array{out});
+        }
+        // Sizes are in elements of at most 2^31 bytes (check_view), so these products fit.
+        packed_elements += contract::padded_features(out, d) * weight.shape[1];
     }
-    // Sizes are in elements of at most 2^31 bytes (check_view), so these products fit.
-    if (contract::padded_features(E, E / num_heads) * in_features >
-        kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
+    if (packed_elements > kMaxBufferBytes / static_cast<int64_t>(sizeof(float))) {
         throw Error(
             fmt::format("embed_dim {} is too large: the packed weights exceed the {} "
                         "bytes a kernel addresses",
                         embed_dim, kMaxBufferBytes));
-    }
-    for (int p = 0; p < 4; p++) {
-        if (linears[p]->bias) {
-            check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
-                         std::array{E});
-        }
     }
     const detail::KernelComponent *component = component_for(device);
     packed_ = std::make_shared<const detail::PackedWeights>(
@@ -116,6 +123,7 @@ MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t n
 }
 
 int64_t MultiHeadAttention::kdim() const { return packed_->in_features[1]; }
+int64_t MultiHeadAttention::num_kv_heads() const { return packed_->out_features[1] / head_dim(); }
 int64_t MultiHeadAttention::vdim() const { return packed_->in_features[2]; }
 
 MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
@@ -267,6 +275,8 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         options.causal == Causal::bottom_right ? int32_t(call.weights_shape[3] - Sq) : 0;
     values[size_t(ArgId::causal_offset)] = &causal_offset;
     values[size_t(ArgId::head_dim)] = &head_dim;
+    int32_t kv_heads = static_cast<int32_t>(num_kv_heads());
+    values[size_t(ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
         if (packed_->buffers[id]) {
             // Kernels only read the weights: one prepacked copy serves concurrent calls.

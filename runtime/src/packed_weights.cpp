@@ -8,10 +8,10 @@ namespace {
 using contract::ArgId;
 using contract::kWeightPanel;
 
-// Writes Wᵀ of one nn.Linear [E, in_features] into `block`, panel-major [panels][in_features]
-// [kWeightPanel], and its bias into `bias`.
-void pack_linear(const Linear &lin, int64_t E, int64_t in_features, float *block, float *bias) {
-    for (int64_t out = 0; out < E; out++) {
+// Writes Wᵀ of one nn.Linear [out_features, in_features] into `block`, panel-major [panels]
+// [in_features][kWeightPanel], and its bias into `bias`.
+void pack_linear(const Linear &lin, int64_t in_features, float *block, float *bias) {
+    for (int64_t out = 0; out < lin.weight.shape[0]; out++) {
         float *panel = block + (out / kWeightPanel) * in_features * kWeightPanel;
         for (int64_t in = 0; in < in_features; in++) {
             panel[in * kWeightPanel + out % kWeightPanel] = lin.weight.data[out * in_features + in];
@@ -24,27 +24,32 @@ void pack_linear(const Linear &lin, int64_t E, int64_t in_features, float *block
 
 PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4],
                              const KernelComponent *gpu)
-    : embed_dim(E), padded(contract::padded_features(E, E / num_heads)) {
-    const int64_t P = padded;
-    const int projections = contract::kQkvProjections;
+    : embed_dim(E) {
+    const int64_t d = E / num_heads;
     for (int p = 0; p < 4; p++) {
         in_features[p] = linears[p]->weight.shape[1];
+        out_features[p] = linears[p]->weight.shape[0];
     }
+    padded = contract::padded_features(E, d);
+    padded_kv = contract::padded_features(out_features[1], d);
+    const int64_t P = padded, Pkv = padded_kv;
+    const int projections = contract::kQkvProjections;
+    const std::array<int64_t, 3> widths = {P, Pkv, Pkv};
     // Projection p's panels start after those of the projections before it; with equal input
-    // features that is qkv_block_offset(p, P) · E, the fused kernels' stacking.
+    // features that is qkv_block_offset(p, P, Pkv) · E, the fused kernels' stacking.
     std::array<int64_t, 3> first_panel{};
     for (int p = 1; p < projections; p++) {
-        first_panel[p] = first_panel[p - 1] + P * in_features[p - 1];
+        first_panel[p] = first_panel[p - 1] + widths[p - 1] * in_features[p - 1];
     }
-    qkv_panels.assign(first_panel[2] + P * in_features[2], 0.0f);
-    qkv_bias.assign(projections * P, 0.0f);
+    qkv_panels.assign(first_panel[2] + Pkv * in_features[2], 0.0f);
+    qkv_bias.assign(P + 2 * Pkv, 0.0f);
     for (int p = 0; p < projections; p++) {
-        pack_linear(*linears[p], E, in_features[p], qkv_panels.data() + first_panel[p],
-                    qkv_bias.data() + contract::qkv_block_offset(p, P));
+        pack_linear(*linears[p], in_features[p], qkv_panels.data() + first_panel[p],
+                    qkv_bias.data() + contract::qkv_block_offset(p, P, Pkv));
     }
     out_panels.assign(P * E, 0.0f);
     out_bias.assign(P, 0.0f);
-    pack_linear(*linears[3], E, E, out_panels.data(), out_bias.data());
+    pack_linear(*linears[3], E, out_panels.data(), out_bias.data());
 
     const auto f32 = halide_type_of<float>();
     const auto panels = [&](ArgId id, const float *first, int64_t features, int64_t in) {
@@ -55,14 +60,14 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
         buffers[size_t(id)] = view_buffer(first, f32, {features}, {1});
     };
     if (stacked()) {
-        panels(ArgId::qkv_weight, qkv_panels.data(), projections * P, E);
-        row(ArgId::qkv_bias, qkv_bias.data(), projections * P);
+        panels(ArgId::qkv_weight, qkv_panels.data(), P + 2 * Pkv, E);
+        row(ArgId::qkv_bias, qkv_bias.data(), P + 2 * Pkv);
     }
     const ArgId weight_ids[] = {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight};
     const ArgId bias_ids[] = {ArgId::q_bias, ArgId::k_bias, ArgId::v_bias};
     for (int p = 0; p < projections; p++) {
-        panels(weight_ids[p], qkv_panels.data() + first_panel[p], P, in_features[p]);
-        row(bias_ids[p], qkv_bias.data() + contract::qkv_block_offset(p, P), P);
+        panels(weight_ids[p], qkv_panels.data() + first_panel[p], widths[p], in_features[p]);
+        row(bias_ids[p], qkv_bias.data() + contract::qkv_block_offset(p, P, Pkv), widths[p]);
     }
     panels(ArgId::out_weight, out_panels.data(), P, E);
     row(ArgId::out_bias, out_bias.data(), P);

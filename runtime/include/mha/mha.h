@@ -152,8 +152,12 @@ class MultiHeadAttention {
 public:
     // Checks and copies the weights, prepacked for the kernels (and uploaded once to a GPU
     // `device`); the views may be freed after. A missing GPU or driver raises mha::Error.
-    // q_proj and out_proj are [E, E]; k_proj is [E, kdim] and v_proj [E, vdim], the key and value
-    // features (nn.MultiheadAttention's kdim and vdim; E when they are the query's).
+    // q_proj and out_proj are [E, E]; k_proj is [kv_heads·d, kdim] and v_proj [kv_heads·d,
+    // vdim]: kdim and vdim are the key's and value's features (nn.MultiheadAttention's; E when
+    // they are the query's), kv_heads the key/value heads, dividing num_heads (grouped-query
+    // attention, as Llama-family models and SDPA's enable_gqa; 1 is multi-query attention;
+    // num_heads, the default, is the seed's multi-head attention). Query head h attends with
+    // key/value head h / (num_heads / kv_heads).
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                        const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
                        Device device = Device::cpu);
@@ -169,8 +173,9 @@ public:
     int64_t embed_dim() const { return embed_dim_; }
     int64_t num_heads() const { return num_heads_; }
     int64_t head_dim() const { return embed_dim_ / num_heads_; }
-    int64_t kdim() const;  // the key's features
-    int64_t vdim() const;  // the value's features
+    int64_t kdim() const;          // the key's features
+    int64_t vdim() const;          // the value's features
+    int64_t num_kv_heads() const;  // key/value heads
 
     // query [B, Sq, E], key [B, Sk, kdim], value [B, Sk, vdim] -> output [B, Sq, E] and, when
     // asked, the

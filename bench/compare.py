@@ -30,6 +30,8 @@ STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
 STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
 DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
+GQA = re.compile(r"^gqa/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
+                 r"_kv(?P<kv>\d+)/threads:(?P<t>\d+)")
 CAUSAL = re.compile(r"^causal/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
                     r"/mode:(?P<mode>\w+)/threads:(?P<t>\d+)")
 
@@ -79,7 +81,8 @@ def benchmark_groups(bench, bench_filter):
         forward, decode, causal = NAME.match(name), DECODE.match(name), CAUSAL.match(name)
         key = (("forward", forward_dims(forward)) if forward else
                ("decode", decode_shape(decode)) if decode else
-               ("causal", forward_dims(causal)) if causal else ("other",))
+               ("causal", forward_dims(causal)) if causal else
+               ("gqa", name) if GQA.match(name) else ("other",))
         groups.setdefault(key, []).append(name)
     return groups
 
@@ -109,6 +112,11 @@ def one_round(args, groups, env, label):
                     times[(path, dims, w, t)] = ms
                 if not w:  # ORT's attention ops do not return the weights
                     times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
+            elif GQA.match(name):
+                g = GQA.match(name)
+                dims, kv, t = forward_dims(g), int(g["kv"]), int(g["t"])
+                times[("torch gqa", dims, kv, t)] = torch_peer.measure_gqa(dims, kv, t,
+                                                                           args.min_time)
             elif CAUSAL.match(name) and CAUSAL.match(name)["mode"] == "implicit":
                 dims, t = forward_dims(CAUSAL.match(name)), int(CAUSAL.match(name)["t"])
                 times[("torch causal", dims, t)] = torch_peer.measure_causal(dims, t,
@@ -242,6 +250,22 @@ def main():
                  f"| {r['explicit_mask']:.3f} | {r['none']:.3f} | {r['torch']:.3f} "
                  f"| {r['explicit_mask'] / r['implicit']:.2f} "
                  f"| {full / (full - attention / 2):.2f} | {r['torch'] / r['implicit']:.2f} |")
+    gqa = {}
+    for name, t_ms in cpp_ms.items():
+        m = GQA.match(name)
+        if m:
+            key = (forward_dims(m), int(m["kv"]), int(m["t"]))
+            gqa[key] = (t_ms, ms[("torch gqa", *key)])
+    if gqa:
+        emit("")
+        emit("Grouped-query self-attention: ours (kv_heads key/value heads) against PyTorch "
+             "F.linear + F.scaled_dot_product_attention(enable_gqa=True):")
+        emit("")
+        emit("| shape (B, Sq, Sk, E, H) | kv heads | threads | ours ms | PyTorch ms | × PyTorch |")
+        emit("|" + "---|" * 6)
+        for (dims, kv, t), (ours, peer) in sorted(gqa.items()):
+            emit(f"| {', '.join(map(str, dims))} | {kv} | {t} | {ours:.3f} | {peer:.3f} "
+                 f"| {peer / ours:.2f} |")
     stages = {}
     for name, t_ms in cpp_ms.items():
         m = STAGE.match(name)

@@ -191,6 +191,22 @@ void halide_causal(benchmark::State &state, Dims d, mha::contract::CausalMode mo
     state.SetLabel(mha::dispatched_isa());
 }
 
+// Grouped-query self-attention: kv_heads key/value heads for the shape's query heads.
+void halide_gqa(benchmark::State &state, mha::contract::GqaShape g, int threads) {
+    set_threads(threads);
+    const Dims &d = g.shape;
+    const Problem p = mha::reference::random_problem(d, 1, true, 0, 0, g.kv_heads);
+    const auto module = mha::reference::make_module(p);
+    std::vector<float> output(d.batch * d.query_len * d.embed_dim);
+    const mha::MutableTensor out{output.data(), {d.batch, d.query_len, d.embed_dim}};
+    for (auto _ : state) {
+        module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                       mha::reference::value_view(p), out);
+        benchmark::DoNotOptimize(output.data());
+    }
+    state.SetLabel(mha::dispatched_isa());
+}
+
 // Each stage's own library (tests' stage generators) on the shape's tensors.
 using Halide::Runtime::Buffer;
 void stage(benchmark::State &state, const std::string &which, Dims d, int threads) {
@@ -298,6 +314,12 @@ void register_all(const std::vector<int> &thread_counts) {
                                          halide_causal, d, mode, 2)
                 ->Unit(benchmark::kMillisecond);
         }
+    }
+    for (const mha::contract::GqaShape &g : mha::contract::kGqaSweep) {
+        benchmark::RegisterBenchmark(
+            fmt::format("gqa/{}_kv{}/threads:2", shape_name(g.shape), g.kv_heads).c_str(),
+            halide_gqa, g, 2)
+            ->Unit(benchmark::kMillisecond);
     }
     for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",
                            "attend_values", "merge_heads"}) {

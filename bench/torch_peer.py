@@ -72,6 +72,28 @@ def measure_causal(dims, threads, min_time_s=0.3):
         return median_ms(causal, min_time_s)
 
 
+def measure_gqa(dims, kv_heads, threads, min_time_s=0.3):
+    """Median milliseconds of PyTorch's grouped-query self-attention: F.linear projections
+    (K and V of kv_heads heads) and F.scaled_dot_product_attention(enable_gqa=True)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    B, S, _, E, H = dims
+    d = E // H
+    w_q, w_kv = torch.rand(E, E) - 0.5, torch.rand(2 * kv_heads * d, E) - 0.5
+    b_q, b_kv = torch.rand(E), torch.rand(2 * kv_heads * d)
+    wo, bo = torch.rand(E, E) - 0.5, torch.rand(E)
+    x = torch.rand(B, S, E) * 2 - 1
+
+    def gqa():
+        q = F.linear(x, w_q, b_q).view(B, S, H, d).transpose(1, 2)
+        k, v = F.linear(x, w_kv, b_kv).view(B, S, 2, kv_heads, d).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        return F.linear(context.transpose(1, 2).reshape(B, S, E), wo, bo)
+
+    with torch.inference_mode():
+        return median_ms(gqa, min_time_s)
+
+
 def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
     """Median milliseconds of one PyTorch decode step: the new token's fused QKV projection
     (F.linear), its key and value written in place into a preallocated cache, SDPA over the

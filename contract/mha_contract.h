@@ -549,6 +549,17 @@ constexpr std::string_view causal_mode_name(CausalMode mode) {
 inline constexpr std::array kCausalModes = {CausalMode::implicit, CausalMode::explicit_mask,
                                             CausalMode::none};
 
+// Grouped-query self-attention (kv_heads dividing H) against SDPA's enable_gqa: Llama-style
+// groups of 4, and multi-query attention.
+struct GqaShape {
+    ProblemShape shape;
+    int64_t kv_heads;
+};
+inline constexpr std::array kGqaSweep = {
+    GqaShape{{1, 1024, 1024, 1024, 16}, 4},
+    GqaShape{{1, 1024, 1024, 1024, 16}, 1},
+};
+
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {
     ProblemShape{8, 1024, 1024, 1024, 16},

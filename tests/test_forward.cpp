@@ -364,7 +364,7 @@ TEST(ForwardFeatures, GroupedQueryHeadsMatchReference) {
     };
     for (const Case &c :
          {Case{{2, 7, 7, 24, 6}, 2}, Case{{2, 5, 11, 16, 4}, 1}, Case{{1, 9, 9, 192, 2}, 1},
-          Case{{3, 4, 13, 32, 8}, 4}, Case{{1, 33, 33, 12, 3}, 3}}) {
+          Case{{3, 4, 13, 32, 8}, 4}, Case{{1, 33, 33, 12, 3}, 3}, Case{{2, 6, 6, 4, 4}, 2}}) {
         const bool self = c.dims.query_len == c.dims.key_len;
         Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), self, 0, 0,
                                                    c.kv_heads);

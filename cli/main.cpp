@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -256,7 +258,8 @@ int run(const Options &o) {
     std::vector<float> weights;
     std::optional<mha::MutableTensor> weights_view;
     if (o.return_weights) {
-        weights.resize(d.batch * (o.average_weights ? 1 : d.num_heads) * d.query_len * d.key_len);
+        weights.resize(std::accumulate(weights_shape.begin(), weights_shape.end(), int64_t(1),
+                                       std::multiplies<>()));
         weights_view = mha::MutableTensor{weights.data(), weights_shape};
     }
     const auto forward = [&] {

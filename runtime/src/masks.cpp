@@ -44,26 +44,6 @@ Strides broadcast_strides(const char *name, const TensorView<T> &t,
     return strides;
 }
 
-// One of PyTorch's masks, as a view of [B, H, Sq, Sk].
-struct TorchMask {
-    bool is_bool;
-    const void *data;
-    uint64_t device_handle;
-    Strides strides;
-    bool per_head;
-
-    // Element (b, h, i, j) as an additive float: a True boolean is -inf, as PyTorch converts it.
-    float additive(int64_t offset) const {
-        if (is_bool) {
-            return static_cast<const uint8_t *>(data)[offset] != 0
-                       ? -std::numeric_limits<float>::infinity()
-                       : 0.0f;
-        }
-        return static_cast<const float *>(data)[offset];
-    }
-    bool blocks(int64_t offset) const { return static_cast<const uint8_t *>(data)[offset] != 0; }
-};
-
 // PyTorch's two masks.
 enum class TorchArgument { key_padding_mask, attn_mask };
 
@@ -99,17 +79,6 @@ TorchMask torch_mask(TorchArgument which, const MaskTensor &mask,
         },
         mask);
 }
-
-// key_padding_mask and attn_mask together, as one [B, 1 or H, Sq, Sk] tensor.
-struct Combination {
-    TorchMask key_padding, attn;
-    int64_t heads;  // 1 or H
-
-    int64_t elements(const std::array<int64_t, 4> &full) const {
-        return full[0] * heads * full[2] * full[3];
-    }
-    bool bytes() const { return key_padding.is_bool && attn.is_bool; }
-};
 
 Combination combination(const ForwardOptions &o, const std::array<int64_t, 4> &full) {
     Combination c{torch_mask(TorchArgument::key_padding_mask, *o.key_padding_mask, full),
@@ -155,9 +124,9 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
         }
         k.kind = c.bytes() ? MaskKind::bytes : MaskKind::additive;
         k.blocks_nonzero = 1;
-        k.combined = true;
         const int64_t plane = full[2] * full[3];
         k.strides = {c.heads * plane, c.heads == 1 ? 0 : plane, full[3], 1};
+        k.combination = c;
     } else if (torch_masks) {
         const TorchMask m =
             o.key_padding_mask
@@ -172,14 +141,13 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
     return k;
 }
 
-HostBuffer kernel_mask_buffer(const KernelMask &mask, const ForwardOptions &options,
-                              const std::array<int64_t, 4> &full,
+HostBuffer kernel_mask_buffer(const KernelMask &mask, const std::array<int64_t, 4> &full,
                               std::vector<uint8_t> &combined_bytes,
                               std::vector<float> &combined_floats) {
     const bool bytes = mask.kind == MaskKind::bytes;
     const void *data = mask.data;
-    if (mask.combined) {
-        const Combination c = combination(options, full);
+    if (mask.combination) {
+        const Combination &c = *mask.combination;
         const auto offset = [](const Strides &s, int64_t b, int64_t h, int64_t i, int64_t j) {
             return b * s[0] + h * s[1] + i * s[2] + j * s[3];
         };

@@ -5,6 +5,8 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <vector>
 
 #include "buffers.h"
@@ -12,6 +14,37 @@
 #include "mha_contract.h"
 
 namespace mha::detail {
+
+// One of PyTorch's masks, checked, as a view of [B, H, Sq, Sk] (strides outermost first).
+struct TorchMask {
+    bool is_bool;
+    const void *data;
+    uint64_t device_handle;
+    std::array<int64_t, kMaxRank> strides;
+    bool per_head;
+
+    // Element at `offset` as an additive float: a True boolean is -inf, as PyTorch converts it.
+    float additive(int64_t offset) const {
+        if (is_bool) {
+            return static_cast<const uint8_t *>(data)[offset] != 0
+                       ? -std::numeric_limits<float>::infinity()
+                       : 0.0f;
+        }
+        return static_cast<const float *>(data)[offset];
+    }
+    bool blocks(int64_t offset) const { return static_cast<const uint8_t *>(data)[offset] != 0; }
+};
+
+// key_padding_mask and attn_mask together, as one [B, 1 or H, Sq, Sk] tensor.
+struct Combination {
+    TorchMask key_padding, attn;
+    int64_t heads;  // 1 or H
+
+    int64_t elements(const std::array<int64_t, 4> &full) const {
+        return full[0] * heads * full[2] * full[3];
+    }
+    bool bytes() const { return key_padding.is_bool && attn.is_bool; }
+};
 
 struct KernelMask {
     contract::MaskKind kind = contract::MaskKind::none;
@@ -21,7 +54,7 @@ struct KernelMask {
     uint64_t device_handle = 0;
     std::array<int64_t, kMaxRank> strides{};
     // ...unless two of PyTorch's masks combine: then the runtime writes them into one tensor.
-    bool combined = false;
+    std::optional<Combination> combination;
 };
 
 // Checks `options`' masks against [B, H, Sq, Sk] = `full` and says what the kernel reads. Throws
@@ -30,8 +63,7 @@ KernelMask resolve_masks(const ForwardOptions &options, const std::array<int64_t
 
 // The buffer a kernel reads for `mask`, the combination written into `combined_bytes` or
 // `combined_floats` when there is one.
-HostBuffer kernel_mask_buffer(const KernelMask &mask, const ForwardOptions &options,
-                              const std::array<int64_t, 4> &full,
+HostBuffer kernel_mask_buffer(const KernelMask &mask, const std::array<int64_t, 4> &full,
                               std::vector<uint8_t> &combined_bytes,
                               std::vector<float> &combined_floats);
 

@@ -175,12 +175,12 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     const detail::KernelComponent &component = *component_for(device_);
     const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
     call.kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk), variant);
-    if (options.weights && options.average_weights) {
+    const bool averaged = options.weights && options.average_weights;
+    if (averaged) {
         call.average_kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk),
                                                   {contract::KernelOp::average_heads});
     }
-    if (call.kernel == nullptr ||
-        (options.average_weights && options.weights && call.average_kernel == nullptr)) {
+    if (call.kernel == nullptr || (averaged && call.average_kernel == nullptr)) {
         throw Error(fmt::format("internal error: the {} kernels have no variant for this call",
                                 contract::device_name(device_)));
     }
@@ -208,7 +208,7 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     const Call call = prepare(query, key, value, options);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     check_tensor("output", output, std::array{B, Sq, E});
-    const bool averaged = weights && options.average_weights;
+    const bool averaged = call.average_kernel != nullptr;
     const auto [H, Sk] = std::pair{call.weights_shape[1], call.weights_shape[3]};
     if (averaged) {
         check_view("weights", *weights, 3, "[batch, query length, key length]");
@@ -247,8 +247,8 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     values[size_t(ArgId::output)] = out.raw_buffer();
     int32_t mask_blocks_nonzero = call.mask.blocks_nonzero;
     if (call.mask.kind != contract::MaskKind::none) {
-        mask_buffer = detail::kernel_mask_buffer(call.mask, options, call.weights_shape,
-                                                 combined_bytes, combined_floats);
+        mask_buffer = detail::kernel_mask_buffer(call.mask, call.weights_shape, combined_bytes,
+                                                 combined_floats);
         const bool bytes = call.mask.kind == contract::MaskKind::bytes;
         values[size_t(bytes ? ArgId::mask : ArgId::additive_mask)] = mask_buffer.raw_buffer();
         values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;

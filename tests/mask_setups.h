@@ -4,6 +4,9 @@
 #pragma once
 
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 
 #include "reference.h"
 
@@ -46,6 +49,7 @@ inline void apply_masks(const MaskSetup &m, reference::Problem &p, uint64_t seed
 // masks merged).
 inline constexpr TorchKind kBool = TorchKind::boolean, kFloat = TorchKind::floating;
 inline const MaskSetup kMaskSetups[] = {
+    {"none", std::nullopt},
     {"seed_keep", MaskConvention::keep},
     {"seed_block", MaskConvention::block},
     {"seed_additive", std::nullopt, true},
@@ -60,5 +64,15 @@ inline const MaskSetup kMaskSetups[] = {
     {"key_padding_float_attn_per_head_bool", std::nullopt, false, kFloat, kBool, true},
     {"both_float_per_head", std::nullopt, false, kFloat, kFloat, true},
 };
+
+// The setup of kMaskSetups named `name`.
+inline const MaskSetup &mask_setup(std::string_view name) {
+    for (const MaskSetup &m : kMaskSetups) {
+        if (name == m.name) {
+            return m;
+        }
+    }
+    throw std::invalid_argument("no mask setup named " + std::string(name));
+}
 
 }  // namespace mha::testing

@@ -64,14 +64,9 @@ class CausalAttention : public ::testing::TestWithParam<CausalCase> {};
 TEST_P(CausalAttention, MatchesReference) {
     const Dims dims[] = {{2, 7, 11, 12, 3},   {1, 11, 7, 12, 3},   {2, 70, 70, 32, 2},
                          {1, 40, 100, 24, 4}, {1, 100, 40, 96, 1}, {3, 9, 9, 7, 7}};
-    using mha::testing::TorchKind;
-    const MaskSetup masks[] = {
-        {"none", std::nullopt, false, TorchKind::none, TorchKind::none, false},
-        {"seed_keep", MaskConvention::keep, false, TorchKind::none, TorchKind::none, false},
-        {"key_padding_bool", std::nullopt, false, TorchKind::boolean, TorchKind::none, false},
-        {"attn_float", std::nullopt, false, TorchKind::none, TorchKind::floating, false}};
     for (const Dims &d : dims) {
-        for (const MaskSetup &m : masks) {
+        for (const char *name : {"none", "seed_keep", "key_padding_bool", "attn_float"}) {
+            const MaskSetup &m = mha::testing::mask_setup(name);
             const bool self = d.query_len == d.key_len;
             Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
             mha::testing::apply_masks(m, p, mha::testing::next_seed());
@@ -129,6 +124,9 @@ struct MaskSemantics : ::testing::Test {
     Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
     std::vector<float> output = std::vector<float>(d.batch * d.query_len * d.embed_dim);
     mha::MutableTensor output_view{output.data(), {d.batch, d.query_len, d.embed_dim}};
+    std::vector<float> weights =
+        std::vector<float>(d.batch * d.num_heads * d.query_len * d.key_len);
+    mha::MutableTensor weights_view{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
 
     void forward(const mha::ForwardOptions &options) {
         mha::reference::make_module(p).forward(mha::reference::query_view(p),
@@ -175,10 +173,9 @@ TEST_F(MaskSemantics, FullyBlockedBooleanRowIsUniform) {
     for (int64_t j = 0; j < d.key_len; j++) {
         attn[1 * d.key_len + j] = 1;  // query 1 sees no key
     }
-    std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len);
     mha::ForwardOptions o;
     o.attn_mask = mha::BoolTensor{attn.data(), {d.query_len, d.key_len}};
-    o.weights = mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    o.weights = weights_view;
     forward(o);
     for (int64_t bh = 0; bh < d.batch * d.num_heads; bh++) {
         for (int64_t j = 0; j < d.key_len; j++) {
@@ -199,10 +196,9 @@ TEST_F(MaskSemantics, MinusInfinityFloatMask) {
     for (int64_t j = 0; j < d.key_len; j++) {
         attn[2 * d.key_len + j] = -inf;  // query 2 sees no key
     }
-    std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len);
     mha::ForwardOptions o;
     o.attn_mask = mha::Tensor{attn.data(), {d.query_len, d.key_len}};
-    o.weights = mha::MutableTensor{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
+    o.weights = weights_view;
     forward(o);
     for (int64_t bh = 0; bh < d.batch * d.num_heads; bh++) {
         EXPECT_EQ(weights[(bh * d.query_len + 0) * d.key_len + 2], 0.0f);

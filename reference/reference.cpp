@@ -78,8 +78,11 @@ void add_random_additive_mask(Problem &p, std::vector<int64_t> shape, bool only_
     std::uniform_real_distribution<float> value(-3.0f, 1.0f);
     p.additive_shape = std::move(shape);
     p.additive.resize(product(p.additive_shape));
-    for (float &a : p.additive) {
-        a = only_0_or_minus_1e9 ? (blocked(rng) ? -1e9f : 0.0f) : value(rng);
+    const int64_t keys = p.additive_shape.back();
+    for (size_t n = 0; n < p.additive.size(); n++) {
+        p.additive[n] = !only_0_or_minus_1e9            ? value(rng)
+                        : n % keys != 0 && blocked(rng) ? -1e9f
+                                                        : 0.0f;
     }
 }
 

@@ -58,7 +58,9 @@ void add_random_mask(Problem &p, MaskConvention convention, std::vector<int64_t>
                      uint64_t seed);
 
 // Adds a random additive mask of `shape` (broadcasting to [B, H, Sq, Sk]): 0 or -1e9 as the TF
-// article's mask·(-1e9) gives, or any finite float.
+// article's mask·(-1e9) gives, key 0 never -1e9, or any finite float. A row -1e9 everywhere has
+// no answer both precisions share: in f32, -1e9 + score rounds to a multiple of 64, which the
+// double-precision reference does not.
 void add_random_additive_mask(Problem &p, std::vector<int64_t> shape, bool only_0_or_minus_1e9,
                               uint64_t seed);
 // A random PyTorch mask of `shape`: booleans about a third True, or finite floats; key 0 is

@@ -4,10 +4,12 @@ multi-head attention, each stage, decode steps over a KV cache), PyTorch's paths
 Runtime's, at the same thread counts, on this machine, now. PyTorch and ONNX Runtime are timed
 from Python (median of calls); their Python call overhead is printed beside them. Everything is
 measured in --rounds interleaved rounds (the machine is shared and drifts); each figure is the
-median of its rounds.
+median of its rounds. Ours is timed twice: the C++ benchmark, and through the Python package
+(mha.MultiheadAttention, which `pip install .` installs), which pays the same kind of call as
+the Python peers; the "× faster peer" ratios are given for both.
 
-usage: compare.py --bench build/bench/mha_bench [--out FILE] [--filter REGEX] [--min-time S]
-                  [--rounds N]
+usage: compare.py --bench build/bench/mha_bench [--out FILE] [--plot PNG] [--filter REGEX]
+                  [--min-time S] [--rounds N]
 """
 
 import argparse
@@ -21,6 +23,8 @@ import sys
 import time
 
 import ort_peer
+import plot
+import python_peer
 import report
 import torch_peer
 
@@ -110,6 +114,8 @@ def one_round(args, groups, env, label):
                 dims, w, t = forward_dims(forward), int(forward["w"]), int(forward["t"])
                 for path, ms in torch_peer.measure(dims, bool(w), t, args.min_time).items():
                     times[(path, dims, w, t)] = ms
+                times[("python", dims, w, t)] = python_peer.measure(dims, bool(w), t,
+                                                                    args.min_time)
                 if not w:  # ORT's attention ops do not return the weights
                     times[("ort", dims, w, t)] = ort_peer.measure(dims, t, args.min_time)
             elif GQA.match(name):
@@ -126,6 +132,8 @@ def one_round(args, groups, env, label):
                 times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t,
                                                                               args.min_time)
                 times[("ort decode", shape, t)] = ort_peer.measure_decode(*shape, t, args.min_time)
+                times[("python decode", shape, t)] = python_peer.measure_decode(*shape, t,
+                                                                                args.min_time)
     times.update({("cpp", name): ms for name, (ms, _, _) in cpp.items()})
     for t in sorted({int(m["t"]) for m in map(NAME.match, cpp) if m}):
         times[("torch overhead", t)] = torch_peer.call_overhead_ms(t)
@@ -137,6 +145,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bench", required=True)
     ap.add_argument("--out")
+    ap.add_argument("--plot", help="PNG of time and ratio per shape against every peer")
     ap.add_argument("--filter", default=".")
     ap.add_argument("--min-time", type=float, default=0.2)
     ap.add_argument("--rounds", type=int, default=3,
@@ -165,7 +174,7 @@ def main():
             key = (forward_dims(m), int(m["w"]), int(m["t"]))
             row = rows.setdefault(key, {"isa": cpp[name][1]})
             row[m["system"]] = t_ms
-            for path in ("nn.MultiheadAttention", "F.linear+sdpa", "ort"):
+            for path in ("nn.MultiheadAttention", "F.linear+sdpa", "ort", "python"):
                 if (path, *key) in ms:
                     row[path] = ms[(path, *key)]
     decode = {}
@@ -175,7 +184,8 @@ def main():
             shape, t = decode_shape(m), int(m["t"])
             decode[(shape, t)] = {"ours": t_ms, "bytes": cpp[name][2]["bytes"],
                                   "torch": ms[("torch decode", shape, t)],
-                                  "ort": ms[("ort decode", shape, t)]}
+                                  "ort": ms[("ort decode", shape, t)],
+                                  "python": ms[("python decode", shape, t)]}
     overhead = {t: (ms[("torch overhead", t)], ms[("ort overhead", t)])
                 for t in sorted({t for (_, _, t) in rows})}
 
@@ -197,8 +207,9 @@ def main():
     emit("")
     emit("| shape (B, Sq, Sk, E, H) | weights | threads | ours ms | ours GFLOP/s | % of sgemm "
          "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | ONNX Runtime ms | × BLAS MHA "
-         "| × best PyTorch | × ONNX Runtime | × faster peer |")
-    emit("|" + "---|" * 14)
+         "| × best PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
+         "| × faster peer, from Python |")
+    emit("|" + "---|" * 16)
     for (dims, w, t), r in sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2], kv[0])):
         ours = r["halide"]
         gflops = report.flops(*dims) / (ours * 1e6)
@@ -210,22 +221,23 @@ def main():
              f"| {r['nn.MultiheadAttention']:.3f} | {r['F.linear+sdpa']:.3f} "
              f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {r['blas'] / ours:.2f} "
              f"| {best_torch / ours:.2f} | {f'{ort_ms / ours:.2f}' if ort_ms else '–'} "
-             f"| {faster / ours:.2f} |")
+             f"| {faster / ours:.2f} | {r['python']:.3f} | {faster / r['python']:.2f} |")
     if decode:
         emit("")
         emit("Decode steps (one new token per batch row against a KV cache of N tokens); floor = "
              "bytes read (weights + cache) / the same run's streaming read:")
         emit("")
         emit("| B, N, E, H | threads | ours ms | floor ms | × floor | PyTorch ms | ONNX Runtime ms "
-             "| × PyTorch | × ONNX Runtime | × faster peer |")
-        emit("|" + "---|" * 10)
+             "| × PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
+             "| × faster peer, from Python |")
+        emit("|" + "---|" * 12)
         for (shape, t), r in sorted(decode.items(), key=lambda kv: (kv[0][0][2], kv[0][0][1], kv[0][1])):
             floor = r["bytes"] / (stream[t] * 1e6)
             faster = min(r["torch"], r["ort"])
             emit(f"| {', '.join(map(str, shape))} | {t} | {r['ours']:.3f} | {floor:.3f} "
                  f"| {r['ours'] / floor:.2f} | {r['torch']:.3f} | {r['ort']:.3f} "
                  f"| {r['torch'] / r['ours']:.2f} | {r['ort'] / r['ours']:.2f} "
-                 f"| {faster / r['ours']:.2f} |")
+                 f"| {faster / r['ours']:.2f} | {r['python']:.3f} | {faster / r['python']:.2f} |")
     causal = {}
     for name, t_ms in cpp_ms.items():
         m = CAUSAL.match(name)
@@ -282,6 +294,10 @@ def main():
         for shape, st in sorted(stages.items()):
             emit(f"| {shape} | " + " | ".join(f"{st.get(n, float('nan')):.3f}" for n in names) + " |")
     report.publish(lines, args.out)
+    if args.plot:
+        plot.comparison(rows, decode, f"{cpu_model()}, {os.cpu_count()} cores; median of "
+                        f"{args.rounds} rounds", args.plot)
+        print(f"plot: {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

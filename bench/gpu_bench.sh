@@ -10,6 +10,6 @@ cd "$root"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 timeout 480 bash -c "
     bash scripts/dev.sh build &&
-    .venv-bench/bin/python bench/gpu_compare.py --bench '$build/bench/mha_gpu_bench' \
+    .venv-torch/bin/python bench/gpu_compare.py --bench '$build/bench/mha_gpu_bench' \
         --out '$build/bench/gpu_comparison.md'
 "

@@ -45,9 +45,7 @@ std::string shape_name(const Dims &d) {
 std::map<int, double> g_sgemm_gflops;  // threads -> GFLOP/s, measured first in this run
 
 void set_threads(int threads) {
-    // Halide's pool takes its size when it starts: restart it so that the new count holds.
-    halide_shutdown_thread_pool();
-    halide_set_num_threads(threads);
+    mha::set_num_threads(threads);
     openblas_set_num_threads(threads);
 }
 

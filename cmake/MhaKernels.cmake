@@ -77,4 +77,14 @@ function(mha_kernel name)
                        USE_RUNTIME mha_halide_runtime
                        FUNCTION_INFO_HEADER function_info_header)
     set_property(GLOBAL APPEND PROPERTY MHA_${ARG_DEVICE}_KERNELS ${name})
+    # `cmake --build <build> --target <name>.stmt` (scripts/dev.sh stmt <name>): Halide's HTML
+    # statement view and the assembly of this kernel, as the build compiles it.
+    set(views ${PROJECT_BINARY_DIR}/kernel_views/${name})
+    add_custom_target(${name}.stmt
+                      COMMAND ${CMAKE_COMMAND} -E make_directory ${views}
+                      COMMAND mha_generators -g ${ARG_GENERATOR} -f ${name} -o ${views}
+                              -e stmt_html,assembly target=${ARG_TARGET} ${ARG_PARAMS}
+                      COMMAND ${CMAKE_COMMAND} -E echo "${name}: ${views}/${name}.stmt.html"
+                      COMMAND ${CMAKE_COMMAND} -E echo "${name}: ${views}/${name}.s"
+                      VERBATIM)
 endfunction()

@@ -1,27 +1,35 @@
 #!/usr/bin/env bash
 # One entry point for a fresh clone: installs what is missing, configures, builds, then runs.
 #   scripts/dev.sh run [mha options]   build and run the main job (the `mha` command-line program)
-#   scripts/dev.sh test                build and run every test through ctest
+#   scripts/dev.sh test                build and run every test: ctest, then `pip install .` into
+#                                      .venv-torch (PyTorch, transformers; large download) and
+#                                      the Python package's pytest suite
 #   scripts/dev.sh tune --isa ISA [mha-tune options]
 #                                      search CPU schedule parameters (see README, Tuning)
 #   scripts/dev.sh build               build everything (benchmarks too) and run nothing
 #   scripts/dev.sh bench [compare.py options]
-#                                      build and run the benchmark comparison against OpenBLAS
-#                                      and PyTorch (installed into .venv-bench; large download)
+#                                      build and run the benchmark comparison against OpenBLAS,
+#                                      PyTorch and ONNX Runtime (in .venv-torch), ours also through
+#                                      the Python package; writes a table and a plot (PNG)
+#   scripts/dev.sh stmt KERNEL         write Halide's HTML statement view and assembly of one
+#                                      kernel (names: build/cli/mha --list-kernels)
 # A second call reuses the virtual environment and the build directory of the first.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/.venv"
+torch_venv="$root/.venv-torch"
 build="${MHA_BUILD_DIR:-$root/build}"
 
 # Pinned Python-side toolchain: Halide's wheel carries libHalide, its headers, CMake package and
 # autoscheduler plugins; Halide 21's CMake files need CMake >= 3.28, newer than Debian 12's.
 python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
-bench_requirements=(torch==2.15.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6)
+# The Python package's tests and the benchmarks' peers.
+torch_requirements=(torch==2.15.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6
+                    transformers==5.24.0 matplotlib==3.11.2 pytest==9.2.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
-                 libopenblas-dev binutils clang-format)
+                 libopenblas-dev binutils clang-format pkgconf)
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -48,7 +56,7 @@ install_venv() {
     fi
     log "creating $dir with $*"
     python3 -m venv "$dir"
-    "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check "$@"
     echo "$*" >"$stamp"
 }
 
@@ -66,6 +74,14 @@ configure_and_build() {
     "$venv/bin/cmake" --build "$build"
 }
 
+# install_python_package: `pip install .` into .venv-torch (scikit-build-core builds the CPU
+# kernels and the extension in build-wheel/, kept between calls).
+install_python_package() {
+    install_venv "$torch_venv" "${torch_requirements[@]}"
+    log "pip install . into $torch_venv"
+    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check "$root"
+}
+
 command=${1:-}
 shift || true
 case "$command" in
@@ -80,12 +96,14 @@ case "$command" in
         install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
+        install_python_package
+        (cd "$root/python/tests" && "$torch_venv/bin/python" -m pytest -q -p no:cacheprovider)
         ;;
-    build)  # everything, benchmarks included, and PyTorch for them; runs nothing
+    build)  # everything, benchmarks included, and the Python package; runs nothing
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
-        install_venv "$root/.venv-bench" "${bench_requirements[@]}"
         configure_and_build -DMHA_BUILD_BENCHMARKS=ON
+        install_python_package
         ;;
     tune)  # the schedule tuner: scripts/dev.sh tune --isa avx512 [mha-tune options]
         install_debian_packages
@@ -96,13 +114,20 @@ case "$command" in
     bench)
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
-        install_venv "$root/.venv-bench" "${bench_requirements[@]}"
         configure_and_build -DMHA_BUILD_BENCHMARKS=ON
-        "$root/.venv-bench/bin/python" "$root/bench/compare.py" --bench "$build/bench/mha_bench" \
-            --out "$build/bench/comparison.md" "$@"
+        install_python_package
+        "$torch_venv/bin/python" "$root/bench/compare.py" --bench "$build/bench/mha_bench" \
+            --out "$build/bench/comparison.md" --plot "$build/bench/comparison.png" "$@"
+        ;;
+    stmt)  # scripts/dev.sh stmt mha_forward_cpu_avx512_medium_none_mask_fused
+        [ $# -eq 1 ] || { echo "usage: scripts/dev.sh stmt KERNEL" >&2; exit 2; }
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build
+        "$venv/bin/cmake" --build "$build" --target "$1.stmt"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL" >&2
         exit 2
         ;;
 esac

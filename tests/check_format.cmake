@@ -2,7 +2,8 @@
 # .clang-format.
 find_program(CLANG_FORMAT NAMES clang-format clang-format-14 REQUIRED)
 set(sources "")
-foreach (dir IN ITEMS bench cli contract generators reference runtime schedules tests tools tuner)
+foreach (dir IN ITEMS bench cli contract examples generators python reference runtime schedules tests
+                    tools tuner)
     file(GLOB_RECURSE found ${SOURCE_DIR}/${dir}/*.cpp ${SOURCE_DIR}/${dir}/*.h)
     list(APPEND sources ${found})
 endforeach ()

@@ -178,6 +178,18 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
     EXPECT_LT(mha::reference::relative_l2(weights, want.weights), 1e-5);
 }
 
+// A thread count holds from the next call on, and computes the same result.
+TEST_F(ModuleErrors, SetNumThreads) {
+    expect_error([] { mha::set_num_threads(-1); }, "set_num_threads: threads -1 is negative");
+    const auto module = mha::reference::make_module(p);
+    const auto want = mha::reference::forward(p);
+    for (int threads : {1, 3, 0}) {
+        mha::set_num_threads(threads);
+        module.forward(q(), k(), v(), output_view());
+        EXPECT_LT(mha::reference::relative_l2(output, want.output), 1e-5) << threads;
+    }
+}
+
 // A failure inside a kernel (here: a value buffer shorter than the key buffer, which the public
 // API would have refused) comes back as mha::Error carrying Halide's own message, and nothing is
 // printed or aborted.

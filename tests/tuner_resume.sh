@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tuner_resume.sh <mha-tune> <scratch dir>: a tuning run killed halfway leaves its records, and
-# a second run with the same arguments resumes from them instead of measuring them again.
+# a second run with the same arguments resumes from them instead of measuring them again, and
+# plots the whole search beside the records.
 set -euo pipefail
 tune=$1
 dir=$2
@@ -29,4 +30,7 @@ cat "$dir/second.log"
 grep -q "resumed $kept candidates" "$dir/second.log" || { echo "did not resume $kept"; exit 1; }
 [ "$(searched)" -eq 5 ] || { echo "expected 5 search records in all, not $(searched)"; exit 1; }
 [ -s "$dir/sse41.json" ] || { echo "no tuned file"; exit 1; }
+plot="$dir/sse41.search.svg"
+[ "$(grep -c '<circle' "$plot")" -ge 5 ] || { echo "$plot does not show the 5 candidates"; exit 1; }
+grep -q "defaults" "$plot" || { echo "$plot does not mark the defaults"; exit 1; }
 echo "resumed: $kept records reused, $((5 - kept)) measured"

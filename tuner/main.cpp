@@ -72,6 +72,8 @@ int main(int argc, char **argv) {
         ->type_name("FILE");
     app.add_option("--out", tuned_file, "tuned file (default schedules/tuned/<isa>.json)")
         ->type_name("FILE");
+    app.add_flag("--plot-only", tune.plot_only,
+                 "write the plot of the database's search (<isa>.search.svg beside it) and exit");
     app.add_flag("--compare", comparing, "compare tuned, autoscheduled and default schedules");
     app.add_option("--tuned", compare.tuned_file, "--compare: the tuned file (default --out's)")
         ->type_name("FILE");

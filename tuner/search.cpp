@@ -1,4 +1,5 @@
 #include "search.h"
+#include "search_plot.h"
 
 #include <fmt/format.h>
 
@@ -331,6 +332,11 @@ int tune(const TuneOptions &o) {
                  machine_description(), fmt::format("{}-{}", utc_date(), ::getpid()), o.command});
     fmt::print(stderr, "tuning database {}: {} earlier records{}\n", o.database, db.loaded(),
                db.skipped() ? fmt::format(" ({} unreadable lines skipped)", db.skipped()) : "");
+    if (o.plot_only) {
+        write_search_plot(db, search_plot_path(o.database));
+        fmt::print(stderr, "wrote {}\n", search_plot_path(o.database));
+        return 0;
+    }
     for (size_t b = 0; b < o.buckets.size(); b++) {
         const BucketSpec &spec = contract::bucket_spec(o.buckets[b]);
         const std::string label = fmt::format("{} {}/{}", spec.name, b + 1, o.buckets.size());
@@ -339,9 +345,12 @@ int tune(const TuneOptions &o) {
             Clock::now() + (deadline - Clock::now()) / int(o.buckets.size() - b);
         tune_bucket(o, spec, db, bucket_deadline, label);
         update_tuned_file(o, db);
+        write_search_plot(db, search_plot_path(o.database));
     }
     update_tuned_file(o, db);
-    fmt::print(stderr, "wrote {} ({:.1f} minutes)\n", o.tuned_file,
+    write_search_plot(db, search_plot_path(o.database));
+    fmt::print(stderr, "wrote {} and the search's plot {} ({:.1f} minutes)\n", o.tuned_file,
+               search_plot_path(o.database),
                std::chrono::duration<double>(Clock::now() - start).count() / 60);
     return 0;
 }

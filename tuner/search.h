@@ -23,10 +23,12 @@ struct TuneOptions {
     std::optional<contract::ProblemShape> tuning_shape;  // instead of each bucket's
     int max_candidates = 0;                              // per bucket; 0: until budget or patience
     bool sweep_shapes = true;  // time candidates on the bucket's sweep shapes too
+    bool plot_only = false;    // only write the plot of the database's search
     std::string database, tuned_file, command;
 };
 
-// Tunes, appending to the database and rewriting the tuned file after each bucket; the exit code.
+// Tunes, appending to the database and rewriting the tuned file and the search's plot
+// (search_plot.h) after each bucket; the exit code.
 int tune(const TuneOptions &options);
 
 // The machine, as records name it: CPU model and core count.

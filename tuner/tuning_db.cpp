@@ -122,6 +122,13 @@ void TuningDb::write(json record) {
     records_.push_back(std::move(line));
 }
 
+std::vector<json> TuningDb::comparable_records() const {
+    std::vector<json> result;
+    std::copy_if(records_.begin(), records_.end(), std::back_inserter(result),
+                 [&](const json &r) { return comparable(r, true); });
+    return result;
+}
+
 void TuningDb::append(const Measurement &m) {
     json r = {{"kind", "measurement"},
               {"role", m.role},

@@ -56,6 +56,9 @@ public:
     void append(const Measurement &m);
     void append(const Decision &d);
 
+    // The records this run could reuse: same instruction set, target, schedule code, machine.
+    std::vector<nlohmann::ordered_json> comparable_records() const;
+
     const RunContext &context() const { return context_; }
     size_t loaded() const;
     size_t skipped() const { return skipped_; }

@@ -228,6 +228,11 @@ private:
 // in every CPU module's constructor.
 std::string dispatched_isa();
 
+// The CPU kernels' threads: `threads` from now on, or with 0 what Halide decides (HL_NUM_THREADS,
+// else one per core). Call it while no forward() or decode() runs: it stops the thread pool,
+// which the next call starts again at the new size.
+void set_num_threads(int threads);
+
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
     std::string name;  // e.g. mha_forward_cpu_avx512_small_bytes_mask_fused_weights

@@ -1,0 +1,19 @@
+"""Multi-head attention with ahead-of-time compiled Halide kernels.
+
+- ``mha.Attention``: NumPy arrays in and out, no PyTorch needed (also the KV-cache decode step).
+- ``mha.MultiheadAttention``: a ``torch.nn.Module`` with the constructor, forward and
+  ``state_dict`` of ``torch.nn.MultiheadAttention`` (imported when PyTorch is installed).
+"""
+from ._mha import Error, KvCache, dispatched_isa, set_num_threads
+from ._numpy import Attention
+
+__all__ = ["Attention", "Error", "KvCache", "dispatched_isa", "set_num_threads"]
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # the NumPy API works without PyTorch
+    pass
+else:
+    from ._torch import MultiheadAttention
+
+    __all__.append("MultiheadAttention")

@@ -1,0 +1,268 @@
+"""mha.MultiheadAttention: a drop-in for torch.nn.MultiheadAttention (inference, CPU, float32).
+
+The call is the custom op ``torch.ops.mha.multihead_attention`` (with a fake implementation), so
+``torch.compile`` keeps it as one op and ``torch.export`` can export it. The weights are
+prepacked once per module and prepacked again only when a parameter changes (its data pointer
+or version counter), so ``load_state_dict``, optimizers and in-place updates are seen.
+"""
+import itertools
+import threading
+import weakref
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+from . import _mha
+
+_WEIGHT_NAMES = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
+                 "in_proj_bias", "out_proj_weight", "out_proj_bias")
+
+# Prepacked modules by module id: (what they were packed from, the native module).
+_natives: Dict[int, Tuple[tuple, _mha.Module]] = {}
+_natives_lock = threading.Lock()
+_module_ids = itertools.count()
+
+
+def _fingerprint(tensor: Optional[Tensor]):
+    if tensor is None:
+        return None
+    try:
+        version = tensor._version
+    except RuntimeError:  # an inference tensor has no version counter
+        version = None
+    return tensor.data_ptr(), version, tuple(tensor.shape), tuple(tensor.stride())
+
+
+def _array(tensor: Tensor) -> Tensor:
+    return tensor.detach().contiguous()
+
+
+def _native(module_id: int, num_heads: int, weights: tuple) -> _mha.Module:
+    """The prepacked module for these parameters, packed again when one has changed."""
+    fingerprint = tuple(_fingerprint(w) for w in weights)
+    with _natives_lock:
+        cached = _natives.get(module_id)
+    if cached is not None and cached[0] == fingerprint:
+        return cached[1]
+    in_proj_weight, q_weight, k_weight, v_weight, in_proj_bias, out_weight, out_bias = weights
+    embed_dim = out_weight.shape[0]
+    if in_proj_weight is not None:
+        q_weight, k_weight, v_weight = in_proj_weight.split(embed_dim)
+    biases = (None, None, None) if in_proj_bias is None else in_proj_bias.split(embed_dim)
+    native = _mha.Module(embed_dim, num_heads,
+                         _array(q_weight), None if biases[0] is None else _array(biases[0]),
+                         _array(k_weight), None if biases[1] is None else _array(biases[1]),
+                         _array(v_weight), None if biases[2] is None else _array(biases[2]),
+                         _array(out_weight), None if out_bias is None else _array(out_bias))
+    with _natives_lock:
+        _natives[module_id] = (fingerprint, native)
+    return native
+
+
+def _forget(module_id: int) -> None:
+    with _natives_lock:
+        _natives.pop(module_id, None)
+
+
+def _weights_shape(query: Tensor, key: Tensor, num_heads: int, need_weights: bool,
+                   average_attn_weights: bool) -> tuple:
+    if not need_weights:
+        return (0,)
+    heads = () if average_attn_weights else (num_heads,)
+    return (query.shape[0], *heads, query.shape[1], key.shape[1])
+
+
+@torch.library.custom_op("mha::multihead_attention", mutates_args=())
+def multihead_attention(query: Tensor, key: Tensor, value: Tensor,
+                        in_proj_weight: Optional[Tensor], q_proj_weight: Optional[Tensor],
+                        k_proj_weight: Optional[Tensor], v_proj_weight: Optional[Tensor],
+                        in_proj_bias: Optional[Tensor], out_proj_weight: Tensor,
+                        out_proj_bias: Optional[Tensor], num_heads: int, module_id: int,
+                        key_padding_mask: Optional[Tensor], attn_mask: Optional[Tensor],
+                        is_causal: bool, need_weights: bool,
+                        average_attn_weights: bool) -> Tuple[Tensor, Tensor]:
+    """Batch-first attention: query [B, Sq, E], key [B, Sk, kdim], value [B, Sk, vdim] ->
+    (output [B, Sq, E], weights [B, Sq, Sk] or [B, H, Sq, Sk], or an empty tensor)."""
+    native = _native(module_id, num_heads,
+                     (in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias,
+                      out_proj_weight, out_proj_bias))
+    output = torch.empty(query.shape[0], query.shape[1], out_proj_weight.shape[0])
+    weights = torch.empty(_weights_shape(query, key, num_heads, need_weights,
+                                         average_attn_weights))
+    native.forward(_array(query), _array(key), _array(value), output,
+                   key_padding_mask=None if key_padding_mask is None else _array(key_padding_mask),
+                   attn_mask=None if attn_mask is None else _array(attn_mask),
+                   is_causal=is_causal, weights=weights if need_weights else None,
+                   average_weights=average_attn_weights)
+    return output, weights
+
+
+@multihead_attention.register_fake
+def _(query, key, value, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight,
+      in_proj_bias, out_proj_weight, out_proj_bias, num_heads, module_id, key_padding_mask,
+      attn_mask, is_causal, need_weights, average_attn_weights):
+    output = query.new_empty((query.shape[0], query.shape[1], out_proj_weight.shape[0]))
+    weights = query.new_empty(_weights_shape(query, key, num_heads, need_weights,
+                                             average_attn_weights))
+    return output, weights
+
+
+def _check_float32_cpu(name: str, tensor: Tensor) -> None:
+    if tensor.device.type != "cpu":
+        raise ValueError(f"mha.MultiheadAttention runs on the CPU: {name} is on {tensor.device}")
+    if tensor.dtype != torch.float32:
+        raise TypeError(f"mha.MultiheadAttention computes in float32: {name} is {tensor.dtype}")
+
+
+def _check_mask(name: str, mask: Optional[Tensor]) -> None:
+    if mask is None:
+        return
+    if mask.device.type != "cpu":
+        raise ValueError(f"{name} is on {mask.device}: mha.MultiheadAttention runs on the CPU")
+    if mask.dtype not in (torch.bool, torch.float32):
+        raise TypeError(f"{name} is {mask.dtype}: pass bool (True = not attended) or float32 "
+                        f"(added to the scores)")
+
+
+class MultiheadAttention(torch.nn.Module):
+    """torch.nn.MultiheadAttention's constructor, parameters and forward, on mha's kernels.
+
+    Inference only (no autograd through the kernels), CPU, float32. Every argument has PyTorch's
+    meaning except where it raises NotImplementedError naming it: ``add_bias_kv``,
+    ``add_zero_attn``, ``dropout`` > 0 in training mode, other devices and dtypes. One difference
+    remains: a query row whose every key a *bool* mask blocks gets uniform weights (blocked scores
+    are -1e9) where PyTorch gives NaN. ``is_causal=True`` hides later keys with or without an
+    ``attn_mask`` (PyTorch requires the mask, as a hint). Also: ``make_cache`` and ``decode`` for
+    decoding with a KV cache, and ``from_torch`` to copy a ``torch.nn.MultiheadAttention``.
+    """
+
+    __constants__ = ["batch_first"]
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False,
+                 kdim: Optional[int] = None, vdim: Optional[int] = None,
+                 batch_first: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        if add_bias_kv:
+            raise NotImplementedError("mha.MultiheadAttention: add_bias_kv=True is not supported")
+        if add_zero_attn:
+            raise NotImplementedError("mha.MultiheadAttention: add_zero_attn=True is not supported")
+        if device is not None and torch.device(device).type != "cpu":
+            raise NotImplementedError(f"mha.MultiheadAttention: device={device} (CPU only)")
+        if dtype is not None and dtype != torch.float32:
+            raise NotImplementedError(f"mha.MultiheadAttention: dtype={dtype} (float32 only)")
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, embed_dim))
+            self.k_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.kdim))
+            self.v_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.vdim))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * embed_dim))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias)
+        self.bias_k = self.bias_v = None
+        self.add_zero_attn = False
+        self._reset_parameters()
+        self._module_id = next(_module_ids)
+        weakref.finalize(self, _forget, self._module_id)
+
+    def _reset_parameters(self) -> None:
+        # torch.nn.MultiheadAttention's initialization.
+        if self._qkv_same_embed_dim:
+            torch.nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            torch.nn.init.xavier_uniform_(self.q_proj_weight)
+            torch.nn.init.xavier_uniform_(self.k_proj_weight)
+            torch.nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            torch.nn.init.constant_(self.in_proj_bias, 0.0)
+            torch.nn.init.constant_(self.out_proj.bias, 0.0)
+
+    @classmethod
+    def from_torch(cls, module: torch.nn.MultiheadAttention) -> "MultiheadAttention":
+        """A module computing what `module` computes, with a copy of its parameters."""
+        if module.bias_k is not None:
+            raise NotImplementedError("mha.MultiheadAttention: add_bias_kv=True is not supported")
+        if module.add_zero_attn:
+            raise NotImplementedError("mha.MultiheadAttention: add_zero_attn=True is not supported")
+        copy = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
+                   bias=module.in_proj_bias is not None, kdim=module.kdim, vdim=module.vdim,
+                   batch_first=module.batch_first)
+        copy.load_state_dict(module.state_dict())
+        return copy.train(module.training)
+
+    def _weights(self) -> tuple:
+        return (self.in_proj_weight, self.q_proj_weight, self.k_proj_weight, self.v_proj_weight,
+                self.in_proj_bias, self.out_proj.weight, self.out_proj.bias)
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor,
+                key_padding_mask: Optional[Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        if self.training and self.dropout > 0:
+            raise NotImplementedError(
+                f"mha.MultiheadAttention: dropout={self.dropout} in training mode (call .eval())")
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            _check_float32_cpu(name, tensor)
+        _check_mask("key_padding_mask", key_padding_mask)
+        _check_mask("attn_mask", attn_mask)
+        batched = query.dim() == 3
+        if not batched:  # [L, E]: one sequence
+            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif not self.batch_first:  # [L, N, E]
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        output, weights = multihead_attention(
+            query, key, value, *self._weights()[:5], self.out_proj.weight, self.out_proj.bias,
+            self.num_heads, self._module_id, key_padding_mask, attn_mask, is_causal,
+            need_weights, average_attn_weights)
+        if not batched:
+            return output.squeeze(0), weights.squeeze(0) if need_weights else None
+        if not self.batch_first:
+            output = output.transpose(0, 1).contiguous()
+        return output, weights if need_weights else None
+
+    def make_cache(self, batch: int, capacity: int) -> _mha.KvCache:
+        """A KV cache for decode(): `batch` rows of up to `capacity` tokens (kdim = vdim = E)."""
+        return _native(self._module_id, self.num_heads, self._weights()).make_cache(batch,
+                                                                                    capacity)
+
+    def decode(self, tokens: Tensor, cache: _mha.KvCache,
+               key_padding_mask: Optional[Tensor] = None, new_tokens=()) -> Tensor:
+        """One decode step of self-attention: `tokens` ([B, n, E], or [n, B, E] unless
+        batch_first) are appended to `cache`; each attends over its row's cached tokens and the
+        new ones up to itself, as forward() with is_causal over the whole sequence would.
+        ``key_padding_mask`` [B, capacity] (bool, True = hidden) hides cache positions;
+        ``new_tokens`` says how many of the n each row appends (default: all)."""
+        _check_float32_cpu("tokens", tokens)
+        if tokens.dim() == 3 and not self.batch_first:
+            tokens = tokens.transpose(0, 1)
+        tokens = _array(tokens)
+        output = torch.empty_like(tokens)
+        native = _native(self._module_id, self.num_heads, self._weights())
+        native.decode(tokens, cache, output,
+                      key_padding_mask=None if key_padding_mask is None
+                      else _array(key_padding_mask.to(torch.bool)),
+                      new_tokens=list(new_tokens))
+        if not self.batch_first:
+            output = output.transpose(0, 1).contiguous()
+        return output

@@ -1,0 +1,184 @@
+"""mha.MultiheadAttention against torch.nn.MultiheadAttention, argument by argument."""
+import itertools
+
+import pytest
+import torch
+
+import mha
+
+# (batch, query tokens, key tokens, embed_dim, heads): primes, 1, head_dim 1, non-multiples of
+# the vector width.
+SHAPES = [(1, 1, 1, 8, 1), (2, 5, 7, 12, 3), (3, 17, 13, 64, 4), (2, 31, 31, 96, 8),
+          (1, 3, 9, 7, 7)]
+MASKS = ["none", "key_padding_bool", "key_padding_float", "attn_bool_2d", "attn_float_3d",
+         "both", "causal"]
+
+
+def reference(module, *args, **kwargs):
+    """torch.nn.MultiheadAttention's general path (with autograd on, its fast path, which
+    zeroes padded rows of nested tensors, is not taken)."""
+    with torch.enable_grad():
+        output, weights = module(*args, **kwargs)
+    return output.detach(), None if weights is None else weights.detach()
+
+
+def make_masks(kind, batch, heads, query_len, key_len):
+    """PyTorch masks of `kind`; key 0 is never blocked (a row blocked everywhere is NaN in
+    PyTorch and uniform in mha)."""
+    def blocked(*shape):
+        mask = torch.rand(*shape) < 0.3
+        mask[..., 0] = False
+        return mask
+
+    masks = {}
+    if kind in ("key_padding_bool", "both"):
+        masks["key_padding_mask"] = blocked(batch, key_len)
+    if kind == "key_padding_float":
+        masks["key_padding_mask"] = torch.randn(batch, key_len)
+    if kind == "attn_bool_2d":
+        masks["attn_mask"] = blocked(query_len, key_len)
+    if kind in ("attn_float_3d", "both"):
+        masks["attn_mask"] = torch.randn(batch * heads, query_len, key_len)
+    if kind == "causal":
+        masks["attn_mask"] = torch.ones(query_len, key_len, dtype=torch.bool).triu(1)
+        masks["is_causal"] = True
+    return masks
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask and attn_mask")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_matches_torch(seed, shape, mask, batch_first):
+    batch, query_len, key_len, embed_dim, heads = shape
+    if mask == "causal" and query_len != key_len:
+        query_len = key_len
+    theirs = torch.nn.MultiheadAttention(embed_dim, heads, batch_first=batch_first).eval()
+    with torch.no_grad():
+        theirs.in_proj_bias.normal_()
+        theirs.out_proj.bias.normal_()
+    ours = mha.MultiheadAttention.from_torch(theirs).eval()
+
+    def sequence(length):
+        x = torch.randn(batch, length, embed_dim)
+        return x if batch_first else x.transpose(0, 1)
+
+    query, key = sequence(query_len), sequence(key_len)
+    value = sequence(key_len)
+    masks = make_masks(mask, batch, heads, query_len, key_len)
+    for need_weights, average in itertools.product([True, False], [True, False]):
+        kwargs = dict(masks, need_weights=need_weights, average_attn_weights=average)
+        expected, expected_weights = reference(theirs, query, key, value, **kwargs)
+        with torch.no_grad():
+            output, weights = ours(query, key, value, **kwargs)
+        torch.testing.assert_close(output, expected, atol=2e-5, rtol=1e-4)
+        assert (weights is None) == (expected_weights is None)
+        if weights is not None:
+            torch.testing.assert_close(weights, expected_weights, atol=2e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kdim,vdim,bias", [(5, 11, True), (64, 64, False), (3, 64, False)])
+def test_kdim_vdim_and_no_bias(seed, kdim, vdim, bias):
+    theirs = torch.nn.MultiheadAttention(64, 4, bias=bias, kdim=kdim, vdim=vdim,
+                                         batch_first=True).eval()
+    ours = mha.MultiheadAttention.from_torch(theirs)
+    query, key, value = torch.randn(2, 9, 64), torch.randn(2, 13, kdim), torch.randn(2, 13, vdim)
+    expected, expected_weights = reference(theirs, query, key, value)
+    output, weights = ours(query, key, value)
+    torch.testing.assert_close(output, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(weights, expected_weights, atol=2e-6, rtol=1e-4)
+
+
+def test_unbatched_input(seed):
+    theirs = torch.nn.MultiheadAttention(16, 2).eval()
+    ours = mha.MultiheadAttention.from_torch(theirs)
+    query, key = torch.randn(5, 16), torch.randn(7, 16)
+    padding = torch.tensor([False, True, False, False, True, False, False])
+    expected, expected_weights = reference(theirs, query, key, key, key_padding_mask=padding)
+    output, weights = ours(query, key, key, key_padding_mask=padding)
+    torch.testing.assert_close(output, expected, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(weights, expected_weights, atol=2e-6, rtol=1e-4)
+
+
+def test_state_dict_loads_both_ways(seed):
+    theirs = torch.nn.MultiheadAttention(24, 3, kdim=10, vdim=6)
+    ours = mha.MultiheadAttention(24, 3, kdim=10, vdim=6)
+    assert ours.state_dict().keys() == theirs.state_dict().keys()
+    ours.load_state_dict(theirs.state_dict())
+    back = torch.nn.MultiheadAttention(24, 3, kdim=10, vdim=6)
+    back.load_state_dict(ours.state_dict())
+    for name, tensor in theirs.state_dict().items():
+        assert torch.equal(back.state_dict()[name], tensor), name
+
+
+def test_parameter_changes_are_seen(seed):
+    """The prepacked weights follow in-place updates and load_state_dict."""
+    ours = mha.MultiheadAttention(16, 4, batch_first=True).eval()
+    x = torch.randn(1, 3, 16)
+    before, _ = ours(x, x, x)
+    with torch.no_grad():
+        ours.out_proj.bias.add_(1.0)
+    after, _ = ours(x, x, x)
+    torch.testing.assert_close(after, before + 1.0, atol=1e-5, rtol=1e-5)
+    theirs = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    ours.load_state_dict(theirs.state_dict())
+    torch.testing.assert_close(ours(x, x, x)[0], reference(theirs, x, x, x)[0], atol=2e-5,
+                               rtol=1e-4)
+
+
+def test_is_causal_without_mask(seed):
+    ours = mha.MultiheadAttention(32, 4, batch_first=True).eval()
+    theirs = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(2, 11, 32)
+    causal = torch.ones(11, 11, dtype=torch.bool).triu(1)
+    expected, _ = reference(theirs, x, x, x, attn_mask=causal)
+    torch.testing.assert_close(ours(x, x, x, is_causal=True)[0], expected, atol=2e-5, rtol=1e-4)
+
+
+def test_contiguous_inputs_are_not_copied():
+    x = torch.randn(2, 3, 8)
+    assert mha._torch._array(x).data_ptr() == x.data_ptr()
+    assert mha._torch._array(x.transpose(0, 1)).is_contiguous()
+
+
+@pytest.mark.parametrize("argument,value", [("add_bias_kv", True), ("add_zero_attn", True),
+                                            ("dtype", torch.float64), ("device", "meta")])
+def test_unsupported_constructor_arguments_are_named(argument, value):
+    with pytest.raises(NotImplementedError, match=argument):
+        mha.MultiheadAttention(8, 2, **{argument: value})
+
+
+def test_dropout_in_training_is_named():
+    module = mha.MultiheadAttention(8, 2, dropout=0.1)
+    x = torch.randn(3, 1, 8)
+    with pytest.raises(NotImplementedError, match="dropout"):
+        module(x, x, x)
+    module.eval()(x, x, x)  # dropout does nothing in evaluation
+
+
+def test_bad_inputs_are_clear_errors():
+    module = mha.MultiheadAttention(8, 2, batch_first=True)
+    x = torch.randn(1, 3, 8)
+    with pytest.raises(TypeError, match="query is torch.float64"):
+        module(x.double(), x, x)
+    with pytest.raises(TypeError, match="attn_mask is torch.int32"):
+        module(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.int32))
+    with pytest.raises(mha.Error, match="key"):
+        module(x, torch.randn(1, 3, 5), x)
+    with pytest.raises(ValueError, match="not divisible"):
+        mha.MultiheadAttention(10, 3)
+
+
+def test_decode_matches_causal_forward(seed):
+    module = mha.MultiheadAttention(48, 6, batch_first=True).eval()
+    with torch.no_grad():
+        module.in_proj_bias.normal_()
+    tokens = torch.randn(2, 9, 48)
+    expected, _ = module(tokens, tokens, tokens, is_causal=True, need_weights=False)
+    cache = module.make_cache(2, 16)
+    prompt = module.decode(tokens[:, :5], cache)
+    steps = [module.decode(tokens[:, i:i + 1], cache) for i in range(5, 9)]
+    assert cache.lengths == [9, 9]
+    torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), expected, atol=2e-5,
+                               rtol=1e-4)

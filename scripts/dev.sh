@@ -75,11 +75,18 @@ configure_and_build() {
 }
 
 # install_python_package: `pip install .` into .venv-torch (scikit-build-core builds the CPU
-# kernels and the extension in build-wheel/, kept between calls).
+# kernels and the extension in build-wheel/). Without build isolation, with pyproject.toml's
+# build requirements installed there, so that a second call rebuilds only what changed.
 install_python_package() {
-    install_venv "$torch_venv" "${torch_requirements[@]}"
+    local build_requirements
+    read -r -a build_requirements < <(python3 -c 'import sys, tomllib
+print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' \
+        "$root/pyproject.toml")
+    install_venv "$torch_venv" "${torch_requirements[@]}" "${python_requirements[@]}" \
+        "${build_requirements[@]}"
     log "pip install . into $torch_venv"
-    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check "$root"
+    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
+        "$root"
 }
 
 command=${1:-}

@@ -6,7 +6,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-# Row keys of compare.py's tables -> legend names; "python" is ours through mha.MultiheadAttention.
+# Row keys of compare.py's tables -> legend names, ours (C++) first; "python" is ours through
+# mha.MultiheadAttention.
 FORWARD = {"halide": "ours (C++)", "python": "ours (Python)", "blas": "BLAS MHA",
            "nn.MultiheadAttention": "nn.MultiheadAttention", "F.linear+sdpa": "F.linear + SDPA",
            "ort": "ONNX Runtime"}
@@ -15,32 +16,36 @@ DECODE = {"ours": "ours (C++)", "python": "ours (Python)", "torch": "PyTorch",
 PEERS = ("blas", "nn.MultiheadAttention", "F.linear+sdpa", "ort", "torch")
 
 
+def series(axis, values, style, label):
+    """One line through the shapes that have a value (a peer may lack some, e.g. ONNX Runtime
+    where the weights are returned)."""
+    points = [(x, v) for x, v in enumerate(values) if v is not None]
+    if points:
+        axis.plot(*zip(*points), style, label=label, markersize=4)
+
+
 def panels(axes, rows, names, labels, title):
-    """Times (log scale) on the left, each peer's time over ours (C++ and Python) on the right."""
-    x = range(len(rows))
+    """Times (log scale) on the left; on the right each peer's time over ours (C++), and the
+    faster peer's over ours through Python."""
     time_axis, ratio_axis = axes
     for key, name in names.items():
-        times = [row.get(key) for row in rows]
-        if any(t is not None for t in times):
-            time_axis.plot(x, [t if t is not None else float("nan") for t in times], "o-",
-                           label=name, markersize=4)
-    ours_key = "halide" if "halide" in names else "ours"
-    for key in PEERS:
-        if key not in names:
-            continue
-        for ours, style in ((ours_key, "o-"), ("python", "s--")):
-            ratios = [row[key] / row[ours] if row.get(key) and row.get(ours) else float("nan")
-                      for row in rows]
-            ratio_axis.plot(x, ratios, style, markersize=4,
-                            label=f"{names[key]} / {names[ours]}")
-    ratio_axis.axhline(1.0, color="black", linewidth=0.8)
+        series(time_axis, [row.get(key) for row in rows], "o-", name)
+    ours_key = next(iter(names))
+    peers = [key for key in PEERS if key in names]
+    for key in peers:
+        series(ratio_axis, [row[key] / row[ours_key] if row.get(key) else None for row in rows],
+               "o-", f"{names[key]} / ours (C++)")
+    fastest = [min(row[key] for key in peers if row.get(key) and key != "blas") for row in rows]
+    series(ratio_axis, [f / row["python"] for f, row in zip(fastest, rows)], "s--k",
+           "fastest Python peer / ours (Python)")
+    ratio_axis.axhline(1.0, color="gray", linewidth=0.8)
     time_axis.set_yscale("log")
     time_axis.set_ylabel("ms (log)")
     ratio_axis.set_ylabel("peer time / ours (> 1: ours faster)")
     for axis in axes:
-        axis.set_xticks(list(x), labels, rotation=60, ha="right", fontsize=7)
+        axis.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=6)
+        axis.legend(fontsize=7)
     time_axis.set_title(f"{title}: time")
     ratio_axis.set_title(f"{title}: peers over ours")
 

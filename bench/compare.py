@@ -138,6 +138,7 @@ def one_round(args, groups, env, label):
     for t in sorted({int(m["t"]) for m in map(NAME.match, cpp) if m}):
         times[("torch overhead", t)] = torch_peer.call_overhead_ms(t)
         times[("ort overhead", t)] = ort_peer.call_overhead_ms(t)
+        times[("python overhead", t)] = python_peer.call_overhead_ms(t)
     return times, cpp
 
 
@@ -186,7 +187,7 @@ def main():
                                   "torch": ms[("torch decode", shape, t)],
                                   "ort": ms[("ort decode", shape, t)],
                                   "python": ms[("python decode", shape, t)]}
-    overhead = {t: (ms[("torch overhead", t)], ms[("ort overhead", t)])
+    overhead = {t: (ms[("torch overhead", t)], ms[("ort overhead", t)], ms[("python overhead", t)])
                 for t in sorted({t for (_, _, t) in rows})}
 
     lines = []
@@ -203,7 +204,9 @@ def main():
          ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GB/s" for t, g in sorted(stream.items())))
     emit("Python call overhead, the cheapest call: " +
          ", ".join(f"{t} thread{'s' if t > 1 else ''}: PyTorch {p:.4f} ms, ONNX Runtime {o:.4f} ms"
-                   for t, (p, o) in overhead.items()))
+                   for t, (p, o, _) in overhead.items()) +
+         "; what mha.MultiheadAttention adds to its C++ call (one token, E = 384): " +
+         ", ".join(f"{y:.4f} ms" for _, _, y in overhead.values()))
     emit("")
     emit("| shape (B, Sq, Sk, E, H) | weights | threads | ours ms | ours GFLOP/s | % of sgemm "
          "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | ONNX Runtime ms | × BLAS MHA "

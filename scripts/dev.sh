@@ -74,19 +74,13 @@ configure_and_build() {
     "$venv/bin/cmake" --build "$build"
 }
 
-# install_python_package: `pip install .` into .venv-torch (scikit-build-core builds the CPU
-# kernels and the extension in build-wheel/). Without build isolation, with pyproject.toml's
-# build requirements installed there, so that a second call rebuilds only what changed.
+# install_python_package: `pip install .` into .venv-torch, as a user would (pip builds in an
+# isolated environment with pyproject.toml's build requirements: the CPU kernels and the
+# extension, every time).
 install_python_package() {
-    local build_requirements
-    read -r -a build_requirements < <(python3 -c 'import sys, tomllib
-print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' \
-        "$root/pyproject.toml")
-    install_venv "$torch_venv" "${torch_requirements[@]}" "${python_requirements[@]}" \
-        "${build_requirements[@]}"
+    install_venv "$torch_venv" "${torch_requirements[@]}"
     log "pip install . into $torch_venv"
-    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation \
-        "$root"
+    "$torch_venv/bin/python" -m pip install -q --disable-pip-version-check "$root"
 }
 
 command=${1:-}

@@ -16,9 +16,6 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from . import _mha
 
-_WEIGHT_NAMES = ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight",
-                 "in_proj_bias", "out_proj_weight", "out_proj_bias")
-
 # Prepacked modules by module id: (what they were packed from, the native module).
 _natives: Dict[int, Tuple[tuple, _mha.Module]] = {}
 _natives_lock = threading.Lock()
@@ -202,8 +199,17 @@ class MultiheadAttention(torch.nn.Module):
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
         self._reset_parameters()
+        self._take_module_id()
+
+    def _take_module_id(self) -> None:
+        # Each module, copies and unpickled ones included, has its own prepacked weights,
+        # dropped with it.
         self._module_id = next(_module_ids)
         weakref.finalize(self, _forget, self._module_id)
+
+    def __setstate__(self, state) -> None:  # copy.deepcopy, pickle, torch.load
+        super().__setstate__(state)
+        self._take_module_id()
 
     def _reset_parameters(self) -> None:
         # torch.nn.MultiheadAttention's initialization.

@@ -1,5 +1,7 @@
 """mha.MultiheadAttention against torch.nn.MultiheadAttention, argument by argument."""
+import copy as copy_module
 import itertools
+import pickle
 
 import pytest
 import torch
@@ -124,6 +126,18 @@ def test_parameter_changes_are_seen(seed):
     ours.load_state_dict(theirs.state_dict())
     torch.testing.assert_close(ours(x, x, x)[0], reference(theirs, x, x, x)[0], atol=2e-5,
                                rtol=1e-4)
+
+
+def test_copies_have_their_own_weights(seed):
+    ours = mha.MultiheadAttention(16, 2, batch_first=True).eval()
+    x = torch.randn(1, 4, 16)
+    before, _ = ours(x, x, x)
+    copy = pickle.loads(pickle.dumps(copy_module.deepcopy(ours)))
+    assert copy._module_id != ours._module_id
+    with torch.no_grad():
+        copy.out_proj.bias.add_(1.0)
+    torch.testing.assert_close(copy(x, x, x)[0], before + 1.0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours(x, x, x)[0], before)
 
 
 def test_is_causal_without_mask(seed):

@@ -349,6 +349,39 @@ int run_decode(const Options &o) {
     return 0;
 }
 
+// Validates the sizes before anything is allocated: every tensor the run makes must fit what a
+// kernel addresses (mha::kMaxBufferBytes), which the library checks too, but only once given
+// the tensors.
+void check_sizes(const Options &o) {
+    const Dims &d = o.dims;
+    const int64_t E = d.embed_dim, H = d.num_heads;
+    const int64_t kdim = o.kdim > 0 ? o.kdim : E, vdim = o.vdim > 0 ? o.vdim : E;
+    const int64_t kv_features = o.kv_heads > 0 && E % H == 0 ? o.kv_heads * (E / H) : E;
+    const int64_t keys = o.decode ? d.key_len + 1 : d.key_len;
+    const std::vector<std::pair<std::string, std::vector<int64_t>>> tensors = {
+        {"the weights [embed_dim, embed_dim]", {E, E}},
+        {"the key projection's weights [kv features, kdim]", {kv_features, kdim}},
+        {"the value projection's weights [kv features, vdim]", {kv_features, vdim}},
+        {"the query [batch, query length, embed_dim]", {d.batch, d.query_len, E}},
+        {"the key [batch, key length, kdim]", {d.batch, keys, kdim}},
+        {"the value [batch, key length, vdim]", {d.batch, keys, vdim}},
+        {"the attention weights [batch, heads, query length, key length]",
+         {d.batch, o.return_weights ? H : 1, d.query_len, keys}},
+    };
+    for (const auto &[name, extents] : tensors) {
+        std::optional<int64_t> bytes = int64_t(sizeof(float));
+        for (int64_t extent : extents) {
+            bytes = bytes ? mha::contract::checked_product({*bytes, extent}) : std::nullopt;
+        }
+        if (!bytes || *bytes > mha::kMaxBufferBytes) {
+            throw mha::Error(fmt::format(
+                "{} {} would take {} bytes, more than the {} a kernel addresses", name,
+                fmt::format("[{}]", fmt::join(extents, ", ")),
+                bytes ? std::to_string(*bytes) : std::string("over 2^63"), mha::kMaxBufferBytes));
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -361,6 +394,7 @@ int main(int argc, char **argv) {
         if (options->list_kernels) {
             return list_kernels();
         }
+        check_sizes(*options);
         return options->decode ? run_decode(*options) : run(*options);
     } catch (const std::exception &e) {
         fmt::print(stderr, "mha: error: {}\n", e.what());

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string_view>
@@ -464,6 +465,18 @@ inline constexpr int kMaxTile = 64;
 // holds output feature panel·kWeightPanel + lane, contiguously over every input feature.
 inline constexpr int kWeightPanel = 32;
 static_assert(kMaxTile % kWeightPanel == 0, "panels must tile the widest feature tile");
+
+// The product of `factors`, or none when it leaves int64: sizes computed from a caller's
+// extents never wrap around (the runtime's checks and the command line's use it).
+inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors) {
+    int64_t product = 1;
+    for (int64_t f : factors) {
+        if (__builtin_mul_overflow(product, f, &product)) {
+            return std::nullopt;
+        }
+    }
+    return product;
+}
 
 // Works for integers and for Halide::Expr alike, so the generators and the runtime share it.
 template <typename Int>

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "HalideBuffer.h"
+#include "checks.h"
 #include "cpu_isa.h"
 #include "halide_calls.h"
 #include "reference.h"
@@ -126,6 +127,107 @@ TEST_F(ModuleErrors, TooLargeForTheKernels) {
     const mha::Tensor huge{p.query.data(), {1 << 20, 1 << 20, 12}};
     expect_error([&] { forward(huge, k(), v()); }, "more than the 2147483647 bytes");
 }
+
+// Sizes at the kernels' addressing limit (2^31 - 1 bytes) and past int64, checked before
+// anything is allocated or read: the tensors here point at memory that is never touched.
+namespace limits {
+
+const float *untouched = reinterpret_cast<const float *>(uintptr_t(64));
+const uint8_t *untouched_bytes = reinterpret_cast<const uint8_t *>(uintptr_t(64));
+constexpr int64_t k2_31 = int64_t(1) << 31, k2_32 = int64_t(1) << 32;
+
+mha::Linear square(int64_t E) { return {{untouched, {E, E}}, std::nullopt}; }
+
+TEST(SizeLimits, CheckedProducts) {
+    using mha::contract::checked_product;
+    EXPECT_EQ(checked_product({k2_31 - 1}), k2_31 - 1);
+    EXPECT_EQ(checked_product({k2_32, k2_31 - 1}), k2_32 * (k2_31 - 1));
+    EXPECT_EQ(checked_product({3037000499, 3037000499}), int64_t(3037000499) * 3037000499);
+    EXPECT_EQ(checked_product({3037000500, 3037000500}), std::nullopt);  // past 2^63 - 1
+    EXPECT_EQ(checked_product({k2_32, k2_31}), std::nullopt);            // 2^63
+    EXPECT_EQ(checked_product({k2_32, k2_32, 0}), std::nullopt);         // wraps before the 0
+}
+
+TEST(SizeLimits, KernelBuffers) {
+    const auto named = [] {
+        return std::string("a buffer");
+    };
+    mha::detail::check_kernel_buffer({k2_31 - 1}, 1, named);
+    expect_error([&] { mha::detail::check_kernel_buffer({k2_31}, 1, named); },
+                 "a buffer is 2147483648 x 1 bytes = 2147483648 bytes, more than the 2147483647");
+    expect_error(
+        [&] {
+            mha::detail::check_kernel_buffer({k2_32, k2_31}, 4, named);
+        },
+        "= over 2^63 bytes");
+}
+
+TEST(SizeLimits, EmbedDimAtAndPastTheLimit) {
+    for (int64_t E : {k2_31 - 1, k2_31, k2_32}) {
+        expect_error(
+            [&] { mha::MultiHeadAttention(E, 1, square(E), square(E), square(E), square(E)); },
+            "more than the 2147483647 bytes a kernel addresses");
+    }
+    const int64_t E = int64_t(1) << 62;  // 3·E would not fit int64
+    expect_error(
+        [&] {
+            mha::MultiHeadAttention::from_in_proj(E, 1, {untouched, {3, 3}}, std::nullopt,
+                                                  square(E));
+        },
+        "embed_dim 4611686018427387904 must be in [1, 2147483647]");
+}
+
+// A query of 1 GiB whose fused Q, K and V projection (three times its width) would be 3 GiB.
+TEST(SizeLimits, PaddedProjection) {
+    std::vector<float> w(64 * 64, 0.0f);
+    const mha::Linear l{{w.data(), {64, 64}}, std::nullopt};
+    const mha::MultiHeadAttention module(64, 1, l, l, l, l);
+    const mha::Tensor query{untouched, {1, int64_t(1) << 22, 64}};
+    const mha::MutableTensor output{const_cast<float *>(untouched), {1, int64_t(1) << 22, 64}};
+    expect_error([&] { module.forward(query, query, query, output); },
+                 "the Q, K and V projections of query [1, 4194304, 64], rows x padded features, "
+                 "is 4194304 x 192 x 4 bytes = 3221225472 bytes");
+}
+
+// A 16 KiB key-padding mask that the kernels read at [B, H, Sq, Sk]: 2^31 bytes.
+TEST(SizeLimits, MaskAtItsFullExtent) {
+    std::vector<float> w(8 * 8, 0.0f);
+    const mha::Linear l{{w.data(), {8, 8}}, std::nullopt};
+    const mha::MultiHeadAttention module(8, 8, l, l, l, l);
+    const mha::Tensor tokens{untouched, {1, 16384, 8}};
+    mha::ForwardOptions options;
+    options.key_padding_mask = mha::BoolTensor{untouched_bytes, {1, 16384}};
+    expect_error(
+        [&] {
+            module.forward(tokens, tokens, tokens, {const_cast<float *>(untouched), {1, 16384, 8}},
+                           options);
+        },
+        "key_padding_mask, which the kernels read at [B, H, Sq, Sk] = [1, 8, 16384, 16384], is 1 "
+        "x 8 x 16384 x 16384 x 1 bytes = 2147483648 bytes");
+    // The per-head weights an average is taken over: [1, 8, 2^14, 2^14] floats.
+    mha::ForwardOptions averaged;
+    averaged.weights = mha::MutableTensor{const_cast<float *>(untouched), {1, 16384, 16384}};
+    averaged.average_weights = true;
+    expect_error(
+        [&] {
+            module.forward(tokens, tokens, tokens, {const_cast<float *>(untouched), {1, 16384, 8}},
+                           averaged);
+        },
+        "the per-head weights [B, H, Sq, Sk] they average is 1 x 8 x 16384 x 16384 x 4 bytes");
+}
+
+TEST(SizeLimits, KvCache) {
+    std::vector<float> w(8 * 8, 0.0f);
+    const mha::Linear l{{w.data(), {8, 8}}, std::nullopt};
+    const mha::MultiHeadAttention module(8, 2, l, l, l, l);
+    expect_error([&] { module.make_cache(int64_t(1) << 40, int64_t(1) << 40); },
+                 "= over 2^63 bytes");
+    expect_error([&] { module.make_cache(1, k2_31 / 8); },
+                 "a cache of batch 1 and capacity 268435456 (its keys, [batch, kv_heads, "
+                 "head_dim, capacity rounded up to 64]) is 1 x 2 x 4 x 268435456 x 4 bytes");
+}
+
+}  // namespace limits
 
 TEST_F(ModuleErrors, OutputAndWeightsShapes) {
     const auto module = mha::reference::make_module(p);

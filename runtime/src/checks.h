@@ -8,15 +8,38 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "mha/mha.h"
+#include "mha_contract.h"
 
 namespace mha::detail {
 
 // Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
-inline constexpr int64_t kMaxBufferBytes = std::numeric_limits<int32_t>::max();
+static_assert(kMaxBufferBytes == std::numeric_limits<int32_t>::max());
+
+using contract::checked_product;
+
+// Raises mha::Error unless a buffer of these extents and element size fits a kernel. `what()`
+// names the buffer by the user's arguments (made only for the message: a check allocates
+// nothing unless it throws); the message gives its true size.
+template <typename What>
+void check_kernel_buffer(std::initializer_list<int64_t> extents, int64_t element_bytes,
+                         What &&what) {
+    std::optional<int64_t> bytes = checked_product(extents);
+    if (bytes) {
+        bytes = checked_product({*bytes, element_bytes});
+    }
+    if (!bytes || *bytes > kMaxBufferBytes) {
+        throw Error(fmt::format(
+            "{} is {} x {} bytes = {} bytes, more than the {} bytes a kernel "
+            "addresses",
+            what(), fmt::join(extents, " x "), element_bytes,
+            bytes ? std::to_string(*bytes) : std::string("over 2^63"), kMaxBufferBytes));
+    }
+}
 
 template <typename Shape>
 std::string shape_string(const Shape &shape) {

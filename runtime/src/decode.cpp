@@ -94,14 +94,16 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
                         "embed_dim {}",
                         kdim(), vdim(), embed_dim_));
     }
-    const int64_t padded = contract::round_up(capacity, contract::kCacheKeyTile);
-    const int64_t kv_features = num_kv_heads() * head_dim();
-    if (padded > detail::kMaxBufferBytes / int64_t(sizeof(float)) / (batch * kv_features)) {
-        throw Error(
-            fmt::format("a cache of batch {} and capacity {} at {} key/value features exceeds "
-                        "the {} bytes a kernel addresses",
-                        batch, capacity, kv_features, detail::kMaxBufferBytes));
-    }
+    const int64_t padded_capacity = capacity > kMaxBufferBytes
+                                        ? capacity
+                                        : contract::round_up(capacity, contract::kCacheKeyTile);
+    detail::check_kernel_buffer({batch, num_kv_heads(), head_dim(), padded_capacity}, sizeof(float),
+                                [&] {
+                                    return fmt::format(
+                                        "a cache of batch {} and capacity {} (its keys, [batch, "
+                                        "kv_heads, head_dim, capacity rounded up to {}])",
+                                        batch, capacity, contract::kCacheKeyTile);
+                                });
     return KvCache(std::make_unique<detail::KvCacheStorage>(packed_, batch, capacity,
                                                             num_kv_heads(), head_dim()));
 }
@@ -148,6 +150,10 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
         }
     }
     const int64_t width = P + 2 * Pkv;  // q, k and v of one token
+    detail::check_kernel_buffer({B, n, width}, sizeof(float), [&] {
+        return fmt::format("the projection of tokens {}, [B, n, padded q, k and v features],",
+                           detail::shape_string(tokens.shape));
+    });
     if (int64_t(c.qkv_rows.size()) < B * n * width) {
         c.qkv_rows.resize(B * n * width);
     }

@@ -116,12 +116,10 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
                 "key_padding_mask and attn_mask together are combined on the host: pass them as "
                 "host tensors");
         }
-        if (c.elements(full) > kMaxBufferBytes / int64_t(sizeof(float))) {
-            throw Error(fmt::format(
-                "key_padding_mask and attn_mask combine into [B, {}, Sq, Sk] = [{}, {}, {}, {}], "
-                "more than the {} bytes a kernel addresses",
-                c.heads, full[0], c.heads, full[2], full[3], kMaxBufferBytes));
-        }
+        check_kernel_buffer({full[0], c.heads, full[2], full[3]}, sizeof(float), [&] {
+            return fmt::format("key_padding_mask and attn_mask combined, [B, {}, Sq, Sk],",
+                               c.heads == 1 ? "1" : "H");
+        });
         k.kind = c.bytes() ? MaskKind::bytes : MaskKind::additive;
         k.blocks_nonzero = 1;
         const int64_t plane = full[2] * full[3];

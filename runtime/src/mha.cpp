@@ -20,9 +20,9 @@ namespace {
 
 using contract::ArgId;
 using detail::check_data;
+using detail::check_kernel_buffer;
 using detail::check_tensor;
 using detail::check_view;
-using detail::kMaxBufferBytes;
 using detail::shape_string;
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
@@ -106,6 +106,9 @@ MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t n
                                                     const std::optional<Tensor> &in_proj_bias,
                                                     const Linear &out_proj, Device device) {
     const int64_t E = embed_dim;
+    if (E < 1 || E > kMaxBufferBytes) {
+        throw Error(fmt::format("embed_dim {} must be in [1, {}]", E, kMaxBufferBytes));
+    }
     check_view("in_proj_weight", in_proj_weight, 2, "[3 x embed_dim, embed_dim]");
     check_tensor("in_proj_weight", in_proj_weight, std::array{3 * E, E});
     if (in_proj_bias) {
@@ -125,6 +128,62 @@ MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t n
 int64_t MultiHeadAttention::kdim() const { return packed_->in_features[1]; }
 int64_t MultiHeadAttention::num_kv_heads() const { return packed_->out_features[1] / head_dim(); }
 int64_t MultiHeadAttention::vdim() const { return packed_->in_features[2]; }
+
+// The buffers a forward kernel makes from its arguments (every schedule rounds rows and
+// features up by at most a tile of kMaxTile), and the mask's view at its full extent: Halide
+// checks an input's extents as if it were dense, broadcast dimensions included.
+void MultiHeadAttention::check_kernel_buffers(const Tensor &query, const Tensor &key,
+                                              const ForwardOptions &options,
+                                              const Call &call) const {
+    const auto [B, H, Sq, Sk] = call.weights_shape;
+    const int64_t d = head_dim(), kv_heads = num_kv_heads(), tile = contract::kMaxTile;
+    const int64_t P = packed_->padded, Pkv = packed_->padded_kv;
+    const int64_t query_rows = contract::round_up(B * Sq, tile);
+    const int64_t key_rows = contract::round_up(B * Sk, tile);
+    const auto named = [](const char *what, const Tensor &t) {
+        return [what, &t] {
+            return fmt::format(what, shape_string(t.shape));
+        };
+    };
+    if (packed_->stacked()) {
+        check_kernel_buffer({query_rows, P + 2 * Pkv}, sizeof(float),
+                            named("the Q, K and V projections of query {}, rows x padded "
+                                  "features,",
+                                  query));
+    }
+    check_kernel_buffer({query_rows, P}, sizeof(float),
+                        named("the projection of query {}, rows x padded features,", query));
+    check_kernel_buffer({key_rows, Pkv}, sizeof(float),
+                        named("the projection of key {}, rows x padded features,", key));
+    check_kernel_buffer({B, kv_heads, contract::round_up(d, tile), key_rows + tile}, sizeof(float),
+                        named("the keys of key {} split into heads, [B, heads, head_dim, Sk] "
+                              "(padded),",
+                              key));
+    check_kernel_buffer({B, contract::round_up(Sq, tile), H, contract::round_up(d, tile)},
+                        sizeof(float),
+                        named("the attention context of query {}, [B, Sq, H, head_dim] "
+                              "(padded),",
+                              query));
+    if (call.mask.kind != contract::MaskKind::none) {
+        check_kernel_buffer({B, H, Sq, Sk},
+                            call.mask.kind == contract::MaskKind::bytes ? 1 : sizeof(float), [&] {
+                                std::vector<std::string> masks;
+                                for (const auto &[given, name] :
+                                     {std::pair{options.mask.has_value(), "mask"},
+                                      {options.additive_mask.has_value(), "additive_mask"},
+                                      {options.key_padding_mask.has_value(), "key_padding_mask"},
+                                      {options.attn_mask.has_value(), "attn_mask"}}) {
+                                    if (given) {
+                                        masks.push_back(name);
+                                    }
+                                }
+                                return fmt::format(
+                                    "{}, which the kernels read at [B, H, Sq, Sk] = [{}, {}, {}, "
+                                    "{}],",
+                                    fmt::join(masks, " and "), B, H, Sq, Sk);
+                            });
+    }
+}
 
 MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
                                                      const Tensor &value,
@@ -152,6 +211,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     }
     Call call{nullptr, {B, H, Sq, Sk}, {}};
     call.mask = detail::resolve_masks(options, call.weights_shape);
+    check_kernel_buffers(query, key, options, call);
     if (device_ == Device::cpu) {
         for (const auto &[name, handle] : {std::pair{"query", query.device_handle},
                                            {"key", key.device_handle},
@@ -214,12 +274,12 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         check_view("weights", *weights, 3, "[batch, query length, key length]");
         check_tensor("weights", *weights, std::array{B, Sq, Sk});
         // The per-head weights the mean is taken over are the library's: they must fit a kernel.
-        if (B * Sq * Sk > kMaxBufferBytes / int64_t(sizeof(float)) / H) {
-            throw Error(fmt::format(
-                "averaged weights of [B, Sq, Sk] = [{}, {}, {}] over {} heads: the per-head "
-                "weights exceed the {} bytes a kernel addresses",
-                B, Sq, Sk, H, kMaxBufferBytes));
-        }
+        check_kernel_buffer({B, H, Sq, Sk}, sizeof(float), [&] {
+            return fmt::format(
+                "averaged weights of [B, Sq, Sk] = [{}, {}, {}]: the per-head "
+                "weights [B, H, Sq, Sk] they average",
+                B, Sq, Sk);
+        });
     } else if (weights) {
         check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
         check_tensor("weights", *weights, call.weights_shape);

@@ -31,6 +31,13 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+// The kernels address each buffer with 32-bit offsets: every tensor a call passes, every
+// broadcast view of a mask (counted at its full [B, H, Sq, Sk] extent) and every buffer a kernel
+// makes from them (the padded projections, the heads, the per-head weights an average is taken
+// over, the KV cache) holds at most this many bytes. Calls past it raise mha::Error before
+// anything is allocated or read.
+inline constexpr int64_t kMaxBufferBytes = 2147483647;
+
 // Where a module runs its kernels. The CPU kernels are in the mha library itself; a program
 // that uses a GPU links that device's library too (CMake targets mha_cuda, mha_opencl).
 enum class Device {
@@ -213,6 +220,8 @@ private:
     struct Call;
     Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
                  const ForwardOptions &options) const;
+    void check_kernel_buffers(const Tensor &query, const Tensor &key, const ForwardOptions &options,
+                              const Call &call) const;
 
     int64_t embed_dim_;
     int64_t num_heads_;

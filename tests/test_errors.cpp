@@ -6,6 +6,7 @@
 #include "cpu_isa.h"
 #include "halide_calls.h"
 #include "reference.h"
+#include "scratch_pool.h"
 
 namespace {
 
@@ -278,6 +279,55 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
     const auto want = mha::reference::forward(p);
     EXPECT_LT(mha::reference::relative_l2(output, want.output), 1e-5);
     EXPECT_LT(mha::reference::relative_l2(weights, want.weights), 1e-5);
+}
+
+// An allocation that fails inside a kernel (the scratch pool refusing, as when memory runs out)
+// raises mha::Error from that call; the module and a KV cache then work on the next call.
+TEST(FaultInjection, FailedAllocationInsideAKernel) {
+    const Problem p = mha::reference::random_problem({2, 67, 67, 48, 4}, 5);
+    const auto module = mha::reference::make_module(p);
+    std::vector<float> output(2 * 67 * 48);
+    const mha::MutableTensor out{output.data(), {2, 67, 48}};
+    const auto want = mha::reference::forward(p);
+    for (int successes : {0, 1, 2}) {
+        mha::detail::scratch_fail_allocation_after(successes);
+        expect_error(
+            [&] {
+                module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                               mha::reference::value_view(p), out);
+            },
+            "Out of memory");
+        module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+                       mha::reference::value_view(p), out);
+        EXPECT_LT(mha::reference::relative_l2(output, want.output), 1e-5) << successes;
+    }
+}
+
+TEST(FaultInjection, FailedAllocationInADecodeStepLeavesTheCache) {
+    const Problem p = mha::reference::random_problem({1, 1, 70, 32, 4}, 9);
+    const auto module = mha::reference::make_module(p);
+    mha::KvCache cache = module.make_cache(1, 80);
+    std::vector<float> output(70 * 32);
+    const mha::Tensor prompt{p.key.data(), {1, 70, 32}};
+    // The projection's first allocations and some of the attention kernel's, which allocates
+    // per task.
+    for (int successes : {0, 1, 2, 10, 100}) {
+        mha::detail::scratch_fail_allocation_after(successes);
+        expect_error(
+            [&] {
+                module.decode(prompt, cache, {output.data(), {1, 70, 32}});
+            },
+            "Out of memory");
+        EXPECT_EQ(cache.lengths(), std::vector<int64_t>{0}) << "after " << successes;
+    }
+    mha::detail::scratch_fail_allocation_after(-1);
+    module.decode(prompt, cache, {output.data(), {1, 70, 32}});
+    EXPECT_EQ(cache.lengths(), std::vector<int64_t>{70});
+    // As a cache that never saw a failure.
+    mha::KvCache fresh = module.make_cache(1, 80);
+    std::vector<float> fresh_output(70 * 32);
+    module.decode(prompt, fresh, {fresh_output.data(), {1, 70, 32}});
+    EXPECT_EQ(output, fresh_output);
 }
 
 // A thread count holds from the next call on, and computes the same result.

@@ -21,6 +21,7 @@ struct Pool {
     std::unordered_map<void *, size_t> sizes;  // every block the pool allocated
     size_t cached = 0;
     size_t allocated = 0;
+    int successes_before_failure = -1;  // fault injection; -1: none
 };
 
 // Never destroyed: Halide may free a buffer after static destructors have run.
@@ -36,6 +37,9 @@ void *scratch_allocate(size_t bytes) {
     const size_t size = std::max<size_t>(1, (bytes + kAlignment - 1) / kAlignment) * kAlignment;
     Pool &p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
+    if (p.successes_before_failure >= 0 && p.successes_before_failure-- == 0) {
+        return nullptr;
+    }
     // The smallest free block that fits, unless it would waste more than the request.
     auto fit = p.free_blocks.end();
     for (auto b = p.free_blocks.begin(); b != p.free_blocks.end(); ++b) {
@@ -84,6 +88,12 @@ size_t scratch_blocks_allocated() {
     Pool &p = pool();
     std::lock_guard<std::mutex> lock(p.mutex);
     return p.allocated;
+}
+
+void scratch_fail_allocation_after(int successes) {
+    Pool &p = pool();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.successes_before_failure = successes;
 }
 
 size_t scratch_cached_bytes() {

@@ -19,4 +19,8 @@ void scratch_release(void *block);
 size_t scratch_cached_bytes();
 size_t scratch_blocks_allocated();
 
+// Fault injection, for tests: after `successes` more allocations, the next one fails as if
+// memory had run out (once); -1 cancels.
+void scratch_fail_allocation_after(int successes);
+
 }  // namespace mha::detail

@@ -131,11 +131,11 @@ struct ScoreSources {
 // Broadcasting is done by the caller's zero strides.
 // `visible_keys` (undefined: all), an expression of the query position v.i, limits query i to
 // keys j < visible_keys: the causal order. The softmax's and weights·V's reductions stop there
-// (predicated, so that bounds inference never asks for the scores of hidden keys), and hidden
-// keys weigh exactly 0; a query that sees no key gets weights 0 and a zero context. The row
-// reductions then run over blocks of `key_block` keys, the blocks past the last visible key
-// skipped whole: a schedule vectorizes across a block (rfactor) while the loop over blocks still
-// stops where the row does.
+// (their reads clamped to the last visible key, so that bounds inference never asks for the
+// scores of hidden keys), and hidden keys weigh exactly 0; a query that sees no key gets weights 0
+// and a zero context. The row reductions then run over blocks of `key_block` keys, the blocks past
+// the last visible key skipped whole: a schedule vectorizes across a block (rfactor) while the loop
+// over blocks still stops where the row does.
 struct ScoreMasks {
     Halide::Func blocking;
     Halide::Expr blocks_nonzero;
@@ -198,12 +198,18 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
     m.row_max(v.i, v.h, v.b) =
         max(m.row_max(v.i, v.h, v.b),
             select(max_visible, masked_for_max(max_key, v.i, v.h, v.b), Float(32).min()));
-    m.exps(v.j, v.i, v.h, v.b) = exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+    // A NaN score (a NaN or Inf in unmasked data) makes its row NaN, as in PyTorch: max() may
+    // skip a NaN and exp() clamps its argument, so without the select a NaN key would weigh 0.
+    const auto nan_preserving_exp = [](const Expr &x) {
+        return select(is_nan(x), x, exp(x));
+    };
+    m.exps(v.j, v.i, v.h, v.b) =
+        nan_preserving_exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     Func exps_for_sum = m.exps;
     if (!shared) {
         exps_for_sum = Func("exps_for_sum");
         exps_for_sum(v.j, v.i, v.h, v.b) =
-            exp(masked_for_sum(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+            nan_preserving_exp(masked_for_sum(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
     }
     m.row_sum(v.i, v.h, v.b) = 0.0f;
     m.row_sum(v.i, v.h, v.b) += select(sum_visible, exps_for_sum(sum_key, v.i, v.h, v.b), 0.0f);

@@ -369,10 +369,7 @@ void check_sizes(const Options &o) {
          {d.batch, o.return_weights ? H : 1, d.query_len, keys}},
     };
     for (const auto &[name, extents] : tensors) {
-        std::optional<int64_t> bytes = int64_t(sizeof(float));
-        for (int64_t extent : extents) {
-            bytes = bytes ? mha::contract::checked_product({*bytes, extent}) : std::nullopt;
-        }
+        const std::optional<int64_t> bytes = mha::contract::checked_bytes(extents, sizeof(float));
         if (!bytes || *bytes > mha::kMaxBufferBytes) {
             throw mha::Error(fmt::format(
                 "{} {} would take {} bytes, more than the {} a kernel addresses", name,

@@ -467,7 +467,7 @@ inline constexpr int kWeightPanel = 32;
 static_assert(kMaxTile % kWeightPanel == 0, "panels must tile the widest feature tile");
 
 // The product of `factors`, or none when it leaves int64: sizes computed from a caller's
-// extents never wrap around (the runtime's checks and the command line's use it).
+// extents never wrap around.
 inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors) {
     int64_t product = 1;
     for (int64_t f : factors) {
@@ -476,6 +476,17 @@ inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> fac
         }
     }
     return product;
+}
+
+// The bytes of a buffer of `extents` (any range of them) and `element_bytes` each, or none when
+// the count leaves int64.
+template <typename Extents>
+std::optional<int64_t> checked_bytes(const Extents &extents, int64_t element_bytes) {
+    std::optional<int64_t> bytes = element_bytes;
+    for (int64_t extent : extents) {
+        bytes = bytes ? checked_product({*bytes, extent}) : std::nullopt;
+    }
+    return bytes;
 }
 
 // Works for integers and for Halide::Expr alike, so the generators and the runtime share it.

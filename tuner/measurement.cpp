@@ -6,15 +6,16 @@
 #include <optional>
 
 namespace mha::tune {
-namespace {
-
-using Clock = std::chrono::steady_clock;
 
 double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
     const size_t n = values.size();
     return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
 
 // Milliseconds per call over one sample; nullopt when a call fails.
 std::optional<double> time_per_call(const Candidate &c, Workload &work) {

@@ -11,6 +11,9 @@
 
 namespace mha::tune {
 
+// The median of `values` (the mean of the middle two for an even count).
+double median(std::vector<double> values);
+
 struct Comparison {
     double gain = 0;          // median over rounds of baseline time / candidate time
     double candidate_ms = 0;  // median per-call times

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "measurement.h"
+
 namespace mha::tune {
 
 namespace {
@@ -89,11 +91,7 @@ void draw_panel(std::string &svg, const Panel &p, double top) {
     if (times.empty())
         return;
     std::sort(times.begin(), times.end());
-    const double defaults = p.default_ms.empty() ? 0 : [&] {
-        std::vector<double> d = p.default_ms;
-        std::nth_element(d.begin(), d.begin() + long(d.size() / 2), d.end());
-        return d[d.size() / 2];
-    }();
+    const double defaults = p.default_ms.empty() ? 0 : median(p.default_ms);
     // The slowest candidates can be many times the defaults: cap the scale at 3x the median.
     const double lo = times.front() * 0.95;
     const double hi = std::min(times.back(), 3 * times[times.size() / 2]) * 1.05;

@@ -24,6 +24,12 @@ def mask_array(name: str, mask) -> np.ndarray | None:
     return np.ascontiguousarray(mask)
 
 
+def weights_shape(query, key, num_heads: int, average_attn_weights: bool) -> tuple:
+    """The attention weights' shape: [B, Sq, Sk] averaged over heads, or [B, H, Sq, Sk]."""
+    heads = () if average_attn_weights else (num_heads,)
+    return (query.shape[0], *heads, query.shape[1], key.shape[1])
+
+
 class Attention:
     """Multi-head attention over NumPy arrays, weights in nn.Linear's [out, in] layout.
 
@@ -67,8 +73,8 @@ class Attention:
         output = np.empty((batch, query_len, self.embed_dim), np.float32)
         weights = None
         if need_weights:
-            heads = () if average_attn_weights else (self.num_heads,)
-            weights = np.empty((batch, *heads, query_len, key.shape[1]), np.float32)
+            weights = np.empty(weights_shape(query, key, self.num_heads, average_attn_weights),
+                               np.float32)
         self.native.forward(query, key, value, output,
                             key_padding_mask=mask_array("key_padding_mask", key_padding_mask),
                             attn_mask=mask_array("attn_mask", attn_mask), is_causal=is_causal,

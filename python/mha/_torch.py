@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from . import _mha
+from ._numpy import weights_shape
 
 # Prepacked modules by module id: (what they were packed from, the native module).
 _natives: Dict[int, Tuple[tuple, _mha.Module]] = {}
@@ -71,10 +72,7 @@ def _forget(module_id: int) -> None:
 
 def _weights_shape(query: Tensor, key: Tensor, num_heads: int, need_weights: bool,
                    average_attn_weights: bool) -> tuple:
-    if not need_weights:
-        return (0,)
-    heads = () if average_attn_weights else (num_heads,)
-    return (query.shape[0], *heads, query.shape[1], key.shape[1])
+    return weights_shape(query, key, num_heads, average_attn_weights) if need_weights else (0,)
 
 
 def _forward(query, key, value, weights, num_heads, module_id, key_padding_mask, attn_mask,

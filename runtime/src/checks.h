@@ -20,18 +20,13 @@ namespace mha::detail {
 // Halide buffers address at most 2^31 - 1 bytes without the large_buffers feature.
 static_assert(kMaxBufferBytes == std::numeric_limits<int32_t>::max());
 
-using contract::checked_product;
-
 // Raises mha::Error unless a buffer of these extents and element size fits a kernel. `what()`
 // names the buffer by the user's arguments (made only for the message: a check allocates
 // nothing unless it throws); the message gives its true size.
 template <typename What>
 void check_kernel_buffer(std::initializer_list<int64_t> extents, int64_t element_bytes,
                          What &&what) {
-    std::optional<int64_t> bytes = checked_product(extents);
-    if (bytes) {
-        bytes = checked_product({*bytes, element_bytes});
-    }
+    const std::optional<int64_t> bytes = contract::checked_bytes(extents, element_bytes);
     if (!bytes || *bytes > kMaxBufferBytes) {
         throw Error(fmt::format(
             "{} is {} x {} bytes = {} bytes, more than the {} bytes a kernel "

@@ -381,8 +381,9 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
 std::string dispatched_isa() { return std::string(contract::kCpuIsas[detail::cpu_isa()].name); }
 
 void set_num_threads(int threads) {
-    if (threads < 0)
+    if (threads < 0) {
         throw Error(fmt::format("set_num_threads: threads {} is negative", threads));
+    }
     // Halide's pool takes its size when it starts: stop it, so that the next call starts one of
     // the new size.
     halide_shutdown_thread_pool();

@@ -3,12 +3,12 @@
 // values, causally within the new block; then the output projection.
 //
 // Row b holds cached_lengths(b) tokens from earlier steps and adds new_counts(b) <= n this step;
-// new token i sits at position cached_lengths(b) + i and sees keys 0..that position. Keys past
-// a row's length (the cache is read up to the longest row) get the lowest float, so they weigh
-// exactly 0;
-// keys the causal order or the key-padding mask hide get the seeds' -1e9, as in the forward
-// pass, so the outputs equal those of a forward pass over the whole sequence with a causal
-// mask. Outputs of padding tokens (i >= new_counts(b)) are 0.
+// new token i sits at position cached_lengths(b) + i and sees keys 0..that position. Keys it
+// does not see (later tokens of the step; past the row's length, as the cache is read up to the
+// longest row) get the lowest float, so they weigh exactly 0; keys the key-padding mask hides get
+// the seeds' -1e9. The outputs are those of a causal forward pass over the whole sequence
+// (Causal::top_left, the mask applying among the keys a query sees), however the sequence was
+// split into steps. Outputs of padding tokens (i >= new_counts(b)) are 0.
 #pragma once
 
 #include "mha_forward.h"
@@ -53,19 +53,21 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     f.v_heads(v.c, v.s, v.h, v.b) = in.value_cache(v.c, v.s, kv_head, v.b);
     f.scores = scaled_scores(v, f.q_heads, f.k_heads, in.head_dim);
 
+    // New token i sees the keys up to its own position; later ones (the step's later tokens,
+    // and keys past the row's length) weigh exactly 0, whatever the mask hides.
     const Expr cached = in.cached_lengths(v.b);
-    const Expr in_row = v.j < cached + in.new_counts(v.b);
-    Func scores("scores_in_row");
+    const Expr visible = v.j <= cached + v.i && v.j < cached + in.new_counts(v.b);
+    Func scores("visible_scores");
     scores(v.j, v.i, v.h, v.b) =
-        select(in_row, f.scores.result(v.j, v.i, v.h, v.b), Float(32).min());
-    Expr hidden = v.j > cached + v.i;
+        select(visible, f.scores.result(v.j, v.i, v.h, v.b), Float(32).min());
+    ScoreMasks masks;
     if (in.cache_mask.defined()) {
-        hidden = hidden || ((in.cache_mask(v.j, v.b) != 0) == (in.mask_blocks_nonzero != 0));
+        const Expr hidden = (in.cache_mask(v.j, v.b) != 0) == (in.mask_blocks_nonzero != 0);
+        Func blocked("blocked");
+        blocked(v.j, v.i, v.h, v.b) = cast<uint8_t>(visible && hidden);
+        masks = {blocked, Expr(1), Func(), Expr()};
     }
-    Func blocked("blocked");
-    blocked(v.j, v.i, v.h, v.b) = cast<uint8_t>(in_row && hidden);
-    f.softmax = masked_softmax(v, {scores, scores, scores}, {blocked, Expr(1), Func(), Expr()},
-                               in.num_keys);
+    f.softmax = masked_softmax(v, {scores, scores, scores}, masks, in.num_keys);
     f.context = attend_values(v, f.softmax.weights, f.v_heads, in.num_keys);
     f.merged = merge_heads(v, f.context.result, in.head_dim);
     f.out_proj =

@@ -411,6 +411,31 @@ Result forward(const Problem &p) {
     return r;
 }
 
+std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
+                                   int64_t count, const std::vector<bool> &hidden) {
+    const int64_t E = module.dims.embed_dim, T = int64_t(sequence.size()) / E;
+    Problem p = module;
+    p.dims = {1, T, T, E, module.dims.num_heads};
+    p.self_attention = true;
+    p.query = p.key = p.value = sequence;
+    p.mask_convention.reset();
+    p.additive_shape.clear();
+    p.key_padding_mask.reset();
+    p.attn_mask.reset();
+    p.average_weights = false;
+    p.causal = Causal::top_left;
+    if (!hidden.empty()) {
+        p.mask_convention = MaskConvention::keep;
+        p.mask_shape = {1, 1, 1, T};
+        p.mask.resize(T);
+        for (int64_t j = 0; j < T; j++) {
+            p.mask[j] = !hidden[j];
+        }
+    }
+    const std::vector<double> all = forward(p).output;
+    return std::vector<double>(all.end() - count * E, all.end());
+}
+
 std::vector<double> to_double(const std::vector<float> &x) {
     return std::vector<double>(x.begin(), x.end());
 }

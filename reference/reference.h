@@ -128,6 +128,13 @@ struct Result {
 };
 Result forward(const Problem &p);
 
+// What a decode step (MultiHeadAttention::decode) gives the last `count` tokens of one row whose
+// tokens so far, cached then new, are `sequence` [T, E]: forward() over the whole row with
+// `module`'s weights (its dims and masks ignored) in causal order, cache position j hidden where
+// `hidden[j]` (empty: none hidden). [count, E].
+std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
+                                   int64_t count, const std::vector<bool> &hidden = {});
+
 std::vector<double> to_double(const std::vector<float> &x);
 
 // ||got - want||_2 / ||want||_2.

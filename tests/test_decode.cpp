@@ -89,21 +89,14 @@ private:
         if (count == 0) {
             return;
         }
-        // The whole sequence so far, causally masked (and key-padded).
-        Problem p = weights_;
-        p.dims = {1, T, T, E_, H_};
-        p.self_attention = true;
-        p.query = p.key = p.value = sequences_[b];
-        p.mask_convention = mha::MaskConvention::keep;
-        p.mask_shape = {T, T};
-        p.mask.assign(T * T, 0);
-        for (int64_t i = 0; i < T; i++) {
-            for (int64_t j = 0; j <= i; j++) {
-                p.mask[i * T + j] = keep.empty() || keep[b * cache_.capacity() + j] != 0;
+        std::vector<bool> hidden;
+        if (!keep.empty()) {
+            for (int64_t j = 0; j < T; j++) {
+                hidden.push_back(keep[b * cache_.capacity() + j] == 0);
             }
         }
-        const std::vector<double> want = mha::reference::forward(p).output;
-        const std::vector<double> last(want.end() - count * E_, want.end());
+        const std::vector<double> last =
+            mha::reference::decode_outputs(weights_, sequences_[b], count, hidden);
         const std::vector<float> got(output.begin() + b * n * E_,
                                      output.begin() + (b * n + count) * E_);
         EXPECT_LT(mha::reference::relative_l2(got, last), kTolerance) << T << " tokens";
@@ -172,6 +165,37 @@ TEST_P(DecodeSteps, TruncateAndResetStartOver) {
 
 INSTANTIATE_TEST_SUITE_P(Awkward, DecodeSteps, ::testing::ValuesIn(kDecodeCases),
                          [](const auto &info) { return std::string(info.param.name); });
+
+// A sequence decoded in one step, token by token, or in chunks gives the same outputs: a token
+// never sees the step's later tokens, even when the key padding hides every key it does see
+// (its weights are then uniform over those keys, as a causal forward() gives).
+TEST(DecodeChunks, SplittingIntoStepsChangesNothing) {
+    constexpr int64_t T = 7, E = 12;
+    const Problem weights =
+        mha::reference::random_problem({1, 1, 1, E, 3}, mha::testing::next_seed());
+    const auto module = mha::reference::make_module(weights);
+    const std::vector<float> tokens = random_tokens(T, E, mha::testing::next_seed());
+    std::vector<uint8_t> keep(T, 1);
+    keep[0] = keep[1] = keep[4] = 0;  // tokens 0 and 1 see only hidden keys
+    const std::vector<bool> hidden{true, true, false, false, true, false, false};
+    for (const std::vector<int64_t> &steps :
+         {std::vector<int64_t>{T}, {1, 1, 1, 1, 1, 1, 1}, {3, 4}, {2, 5}}) {
+        mha::KvCache cache = module.make_cache(1, T);
+        std::vector<float> outputs;
+        int64_t done = 0;
+        for (int64_t n : steps) {
+            std::vector<float> out(n * E);
+            module.decode({tokens.data() + done * E, {1, n, E}}, cache, {out.data(), {1, n, E}},
+                          mha::Mask{{keep.data(), {1, T}}, mha::MaskConvention::keep});
+            outputs.insert(outputs.end(), out.begin(), out.end());
+            done += n;
+        }
+        EXPECT_LT(mha::reference::relative_l2(
+                      outputs, mha::reference::decode_outputs(weights, tokens, T, hidden)),
+                  kTolerance)
+            << steps.size() << " steps";
+    }
+}
 
 TEST(DecodeCapacity, AStepThatDoesNotFitChangesNothing) {
     Decoder decoder(2, 12, 3, 5);

@@ -203,10 +203,12 @@ public:
     // to `cache`: row b appends the first new_tokens[b] of its n (all n when `new_tokens` is
     // empty; the others are padding). Writes the new tokens' outputs [B, n, E]: each attends
     // over its row's cached tokens and the new tokens up to itself, which is what forward()
-    // over the whole sequence with a causal mask computes for them; padding tokens get 0.
-    // `key_padding`, [B, capacity] bytes in its convention, hides cache positions from every
-    // new token. A step that would exceed a row's capacity raises mha::Error and leaves the
-    // cache as it was. Allocates nothing once a first step with as many new tokens ran.
+    // over the whole sequence with Causal::top_left computes for them, however the sequence is
+    // split into steps; padding tokens get 0. `key_padding`, [B, capacity] bytes in its
+    // convention, hides cache positions from every new token (among the keys it sees: one whose
+    // every key is hidden weighs those keys uniformly). A step that would exceed a row's capacity
+    // raises mha::Error and leaves the cache as it was. Allocates nothing once a first step with as
+    // many new tokens ran.
     void decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
                 const std::optional<Mask> &key_padding = std::nullopt,
                 const std::vector<int64_t> &new_tokens = {}) const;

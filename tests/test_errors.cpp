@@ -271,6 +271,91 @@ TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
         "mask has a null data pointer");
 }
 
+// The module copies its weights from host memory on every device, and decode steps run on the
+// CPU: a device handle there is an error, not a pointer read (tests/fuzz found both).
+TEST_F(ModuleErrors, DeviceHandlesWhereTheHostIsRead) {
+    mha::Linear on_device = linear(1);
+    on_device.weight = {nullptr, {12, 12}, 0x1234};
+    expect_error(
+        [&] { mha::MultiHeadAttention(12, 3, linear(0), on_device, linear(2), linear(3)); },
+        "k_proj.weight has a device_handle but weights are read from host memory");
+    mha::Linear bias_on_device = linear(3);
+    bias_on_device.bias = mha::Tensor{p.bias[3].data(), {12}, 0x1234};
+    expect_error(
+        [&] { mha::MultiHeadAttention(12, 3, linear(0), linear(1), linear(2), bias_on_device); },
+        "out_proj.bias has a device_handle but weights are read from host memory");
+    expect_error(
+        [&] {
+            mha::MultiHeadAttention::from_in_proj(12, 3, {nullptr, {36, 12}, 0x1234}, std::nullopt,
+                                                  linear(3));
+        },
+        "in_proj_weight has a device_handle but weights are read from host memory");
+
+    const Problem self = mha::reference::random_problem({1, 1, 1, 12, 3}, 8);
+    const auto module = mha::reference::make_module(self);
+    mha::KvCache cache = module.make_cache(1, 4);
+    std::vector<float> token(12), out(12);
+    std::vector<uint8_t> keep(4, 1);
+    expect_error(
+        [&] {
+            module.decode({nullptr, {1, 1, 12}, 0x1234}, cache, {out.data(), {1, 1, 12}});
+        },
+        "tokens has a device_handle but decode steps run on the cpu");
+    expect_error(
+        [&] {
+            module.decode({token.data(), {1, 1, 12}}, cache, {nullptr, {1, 1, 12}, 0x1234});
+        },
+        "output has a device_handle but decode steps run on the cpu");
+    expect_error(
+        [&] {
+            module.decode({token.data(), {1, 1, 12}}, cache, {out.data(), {1, 1, 12}},
+                          mha::Mask{{nullptr, {1, 4}, 0x1234}, MaskConvention::keep});
+        },
+        "key_padding has a device_handle but decode steps run on the cpu");
+    EXPECT_EQ(cache.lengths(), std::vector<int64_t>{0});
+}
+
+// Enumerations cast from integers the API does not define (tests/fuzz found them accepted).
+TEST_F(ModuleErrors, EnumerationsOutOfRange) {
+    expect_error(
+        [&] {
+            mha::MultiHeadAttention(12, 3, linear(0), linear(1), linear(2), linear(3),
+                                    static_cast<mha::Device>(7));
+        },
+        "device 7 is none of cpu, cuda and opencl");
+    std::vector<uint8_t> m(2 * 7, 1);
+    expect_error(
+        [&] {
+            forward(q(), k(), v(),
+                    mha::Mask{{m.data(), {2, 1, 1, 7}}, static_cast<MaskConvention>(2)});
+        },
+        "mask has convention 2, neither keep (0) nor block (1)");
+    mha::ForwardOptions options;
+    options.causal = static_cast<mha::Causal>(3);
+    expect_error(
+        [&] { mha::reference::make_module(p).forward(q(), k(), v(), output_view(), options); },
+        "causal 3 is none of none, top_left and bottom_right");
+    const Problem self = mha::reference::random_problem({1, 1, 1, 12, 3}, 8);
+    const auto module = mha::reference::make_module(self);
+    mha::KvCache cache = module.make_cache(1, 4);
+    std::vector<float> token(12), out(12);
+    std::vector<uint8_t> keep(4, 1);
+    expect_error(
+        [&] {
+            module.decode({token.data(), {1, 1, 12}}, cache, {out.data(), {1, 1, 12}},
+                          mha::Mask{{keep.data(), {1, 4}}, static_cast<MaskConvention>(9)});
+        },
+        "key_padding has convention 9, neither keep (0) nor block (1)");
+}
+
+// kernel_name() checks the arguments as forward() does, the weights included.
+TEST_F(ModuleErrors, KernelNameChecksTheWeights) {
+    mha::ForwardOptions options;
+    options.weights = mha::MutableTensor{weights.data(), {2, 3, 5, 7, 1}};
+    expect_error([&] { mha::reference::make_module(p).kernel_name(q(), k(), v(), options); },
+                 "weights has shape [2, 3, 5, 7, 1] but must have 4 dimensions");
+}
+
 TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
     const auto module = mha::reference::make_module(p);
     const mha::Tensor short_value{p.value.data(), {2, 6, 12}};

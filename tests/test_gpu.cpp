@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "HalideBuffer.h"
 #include "HalideRuntimeOpenCL.h"
@@ -207,6 +209,75 @@ bool cuda_driver_present() {
         }
     }
     return false;
+}
+
+// Device faults, each provoked through one of PoCL's settings in a process of its own
+// (tests/CMakeLists.txt runs each test with its variable): they raise mha::Error from the call
+// that met them, as the CPU's do, naming what failed and with the driver's words.
+bool contains(const std::string &text, const std::string &part) {
+    return text.find(part) != std::string::npos;
+}
+
+std::optional<std::string> fault_setting(const char *variable) {
+    const char *value = std::getenv(variable);
+    if (value == nullptr) {
+        return std::nullopt;
+    }
+    return std::string(value);
+}
+
+// HL_OCL_DEVICE_TYPE=gpu: Halide's runtime asks for a GPU, and PoCL has only a CPU device.
+TEST(OpenClFaults, NoDevice) {
+    if (!fault_setting("HL_OCL_DEVICE_TYPE")) {
+        GTEST_SKIP() << "run with HL_OCL_DEVICE_TYPE=gpu";
+    }
+    try {
+        mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 8, 2}, 1),
+                                    Device::opencl);
+        FAIL() << "no error without a device";
+    } catch (const mha::Error &e) {
+        EXPECT_PRED2(contains, e.what(),
+                     "copying the module's weights to the opencl "
+                     "device failed");
+        EXPECT_PRED2(contains, e.what(), "CL_DEVICE_NOT_FOUND");
+    }
+}
+
+// POCL_MAX_WORK_GROUP_SIZE=4: smaller than the kernels' thread blocks, so the launch fails.
+TEST(OpenClFaults, FailedKernelLaunch) {
+    if (!fault_setting("POCL_MAX_WORK_GROUP_SIZE")) {
+        GTEST_SKIP() << "run with POCL_MAX_WORK_GROUP_SIZE=4";
+    }
+    const Problem p = mha::reference::random_problem({1, 9, 9, 16, 2}, 1);
+    const auto module = mha::reference::make_module(p, Device::opencl);
+    try {
+        mha::reference::run_module(module, p, false);
+        FAIL() << "no error from a launch that cannot run";
+    } catch (const mha::Error &e) {
+        EXPECT_PRED2(contains, e.what(), "kernel mha_forward_opencl_any_none_mask_");
+        EXPECT_PRED2(contains, e.what(), "CL_INVALID_WORK_GROUP_SIZE");
+    }
+}
+
+// POCL_MEMORY_LIMIT=1: 1 GiB of device memory, 256 MiB the largest allocation. A query over that
+// cannot be copied in; the module then works as before.
+TEST(OpenClFaults, OutOfDeviceMemory) {
+    if (!fault_setting("POCL_MEMORY_LIMIT")) {
+        GTEST_SKIP() << "run with POCL_MEMORY_LIMIT=1";
+    }
+    const Problem p = mha::reference::random_problem({1, 4, 4, 64, 1}, mha::testing::next_seed());
+    const auto module = mha::reference::make_module(p, Device::opencl);
+    const int64_t rows = (int64_t(1) << 20) + 64, E = 64;  // 256 MiB + 16 KiB
+    std::vector<float> large(rows * E, 0.5f), output(rows * E);
+    try {
+        module.forward({large.data(), {1, rows, E}}, mha::reference::key_view(p),
+                       mha::reference::value_view(p), {output.data(), {1, rows, E}});
+        FAIL() << "no error from a query larger than the device's largest allocation";
+    } catch (const mha::Error &e) {
+        EXPECT_PRED2(contains, e.what(), "copying query to the opencl device failed");
+        EXPECT_PRED2(contains, e.what(), "CL_INVALID_BUFFER_SIZE");
+    }
+    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
 }
 
 TEST(Cuda, WithoutADriverConstructionFailsClearly) {

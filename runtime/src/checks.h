@@ -49,6 +49,24 @@ void check_data(const char *name, const TensorView<T> &t) {
     }
 }
 
+// A tensor the library reads or writes on the host: it may not name device memory. `where`
+// says why, e.g. "the module runs on the cpu".
+template <typename T>
+void check_on_host(const char *name, const TensorView<T> &t, const char *where) {
+    if (t.device_handle != 0) {
+        throw Error(fmt::format("{} has a device_handle but {}", name, where));
+    }
+}
+
+// A caller's enumeration holds one of its values (an integer cast to it may not).
+inline void check_convention(const char *name, MaskConvention convention) {
+    if (convention != MaskConvention::keep && convention != MaskConvention::block) {
+        throw Error(fmt::format("{} has convention {}, neither keep ({}) nor block ({})", name,
+                                int(convention), int(MaskConvention::keep),
+                                int(MaskConvention::block)));
+    }
+}
+
 // `expected`: any container of extents (an std::array allocates nothing).
 template <typename T, typename Shape>
 void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected) {

@@ -47,6 +47,8 @@ struct KvCacheStorage {
 
 namespace {
 
+const char *const kDecodeOnTheCpu = "decode steps run on the cpu";
+
 // The kernel of a decode step's op on this process's CPU instruction set.
 const CompiledKernel &decode_kernel(const contract::KernelVariant &variant, int64_t token_rows) {
     const CompiledKernel *kernel = find_kernel(cpu_kernels(), int(cpu_isa()), token_rows, variant);
@@ -123,6 +125,8 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
     const int64_t Pkv = packed_->padded_kv;
     detail::check_tensor("tokens", tokens, std::array{c.batch, n, E});
     detail::check_tensor("output", output, std::array{B, n, E});
+    detail::check_on_host("tokens", tokens, detail::kDecodeOnTheCpu);
+    detail::check_on_host("output", output, detail::kDecodeOnTheCpu);
     if (!new_tokens.empty() && int64_t(new_tokens.size()) != B) {
         throw Error(
             fmt::format("new_tokens has {} counts for a batch of {}", new_tokens.size(), B));
@@ -143,6 +147,8 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
     }
     if (key_padding) {
         detail::check_tensor("key_padding", key_padding->values, std::array{B, c.capacity});
+        detail::check_on_host("key_padding", key_padding->values, detail::kDecodeOnTheCpu);
+        detail::check_convention("key_padding", key_padding->convention);
         c.cache_mask.resize(B * c.padded_capacity);
         for (int64_t b = 0; b < B; b++) {
             std::copy_n(key_padding->values.data + b * c.capacity, c.capacity,

@@ -39,27 +39,28 @@ const KernelComponent &gpu_component(Device device) {
 }
 
 void place_on_device(HostBuffer &buffer, uint64_t device_handle, bool is_input,
-                     const KernelComponent &component, CallContext &context) {
+                     const KernelComponent &component, CallContext &context, const char *what) {
     const halide_device_interface_t *interface = component.device_interface();
-    const std::string device(contract::device_name(component.device));
+    const std::string_view device = contract::device_name(component.device);
     if (device_handle != 0) {
         check_halide(buffer.device_wrap_native(interface, device_handle, &context), context,
-                     fmt::format("wrapping {} device memory", device));
+                     fmt::format("wrapping the {} device memory of {}", device, what));
     } else if (is_input) {
         // Without the host-dirty flag Halide would allocate device memory and never copy into it.
         buffer.set_host_dirty();
         check_halide(buffer.copy_to_device(interface, &context), context,
-                     fmt::format("copying an input to the {} device", device));
+                     fmt::format("copying {} to the {} device", what, device));
     } else {
         check_halide(buffer.device_malloc(interface, &context), context,
-                     fmt::format("allocating an output on the {} device", device));
+                     fmt::format("allocating {} on the {} device", what, device));
     }
 }
 
-void copy_output_to_host(HostBuffer &buffer, uint64_t device_handle, CallContext &context) {
+void copy_output_to_host(HostBuffer &buffer, uint64_t device_handle, CallContext &context,
+                         const char *what) {
     if (device_handle == 0) {
         check_halide(buffer.copy_to_host(&context), context,
-                     "copying an output back from the device");
+                     fmt::format("copying {} back from the device", what));
     }
 }
 

@@ -38,7 +38,10 @@ halide_free_t previous_free = &halide_default_free;
 
 void on_error(void *user_context, const char *message) {
     if (is_library_context(user_context)) {
-        static_cast<CallContext *>(user_context)->error += message;
+        // One call may report several errors (a failed driver call, then its consequence).
+        std::string &error = static_cast<CallContext *>(user_context)->error;
+        error += error.empty() ? "" : "; ";
+        error += message;
     } else {
         previous_error(user_context, message);
     }

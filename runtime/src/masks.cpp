@@ -99,6 +99,7 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
     }
     KernelMask k;
     if (o.mask) {
+        check_convention("mask", o.mask->convention);
         k.kind = MaskKind::bytes;
         k.strides = broadcast_strides("mask", o.mask->values, full);
         k.data = o.mask->values.data;

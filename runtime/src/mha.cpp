@@ -21,11 +21,15 @@ namespace {
 using contract::ArgId;
 using detail::check_data;
 using detail::check_kernel_buffer;
+using detail::check_on_host;
 using detail::check_tensor;
 using detail::check_view;
 using detail::shape_string;
 
 const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+// The module copies and prepacks its weights from host memory, on every device.
+const char *const kWeightsOnHost = "weights are read from host memory";
+const char *const kOnTheCpu = "the module runs on the cpu";
 
 // The device component a module runs on: the CPU's (after settling its instruction set), or a
 // linked GPU library's.
@@ -52,6 +56,10 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                                        const Linear &out_proj, Device device)
     : embed_dim_(embed_dim), num_heads_(num_heads), device_(device) {
     detail::install_runtime_hooks();
+    if (std::find(contract::kDevices.begin(), contract::kDevices.end(), device) ==
+        contract::kDevices.end()) {
+        throw Error(fmt::format("device {} is none of cpu, cuda and opencl", int(device)));
+    }
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
     }
@@ -83,9 +91,11 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         check_view(name.c_str(), weight, 2,
                    key_or_value ? "[kv_heads x head_dim, in features]" : "[embed_dim, embed_dim]");
         check_tensor(name.c_str(), weight, std::array{out, key_or_value ? weight.shape[1] : E});
+        check_on_host(name.c_str(), weight, kWeightsOnHost);
         if (linears[p]->bias) {
-            check_tensor(fmt::format("{}.bias", kProjectionNames[p]).c_str(), *linears[p]->bias,
-                         std::array{out});
+            const std::string bias = fmt::format("{}.bias", kProjectionNames[p]);
+            check_tensor(bias.c_str(), *linears[p]->bias, std::array{out});
+            check_on_host(bias.c_str(), *linears[p]->bias, kWeightsOnHost);
         }
         // Sizes are in elements of at most 2^31 bytes (check_view), so these products fit.
         packed_elements += contract::padded_features(out, d) * weight.shape[1];
@@ -111,8 +121,10 @@ MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t n
     }
     check_view("in_proj_weight", in_proj_weight, 2, "[3 x embed_dim, embed_dim]");
     check_tensor("in_proj_weight", in_proj_weight, std::array{3 * E, E});
+    check_on_host("in_proj_weight", in_proj_weight, kWeightsOnHost);
     if (in_proj_bias) {
         check_tensor("in_proj_bias", *in_proj_bias, std::array{3 * E});
+        check_on_host("in_proj_bias", *in_proj_bias, kWeightsOnHost);
     }
     // Rows [p·E, (p + 1)·E) of the packed tensors are projection p's.
     std::array<Linear, 3> qkv;
@@ -135,7 +147,9 @@ int64_t MultiHeadAttention::vdim() const { return packed_->in_features[2]; }
 void MultiHeadAttention::check_kernel_buffers(const Tensor &query, const Tensor &key,
                                               const ForwardOptions &options,
                                               const Call &call) const {
-    const auto [B, H, Sq, Sk] = call.weights_shape;
+    // Plain variables, not a structured binding: the messages' lambdas capture them.
+    const int64_t B = call.weights_shape[0], H = call.weights_shape[1];
+    const int64_t Sq = call.weights_shape[2], Sk = call.weights_shape[3];
     const int64_t d = head_dim(), kv_heads = num_kv_heads(), tile = contract::kMaxTile;
     const int64_t P = packed_->padded, Pkv = packed_->padded_kv;
     const int64_t query_rows = contract::round_up(B * Sq, tile);
@@ -209,18 +223,20 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     if (value.shape[1] != Sk) {
         throw Error(fmt::format("key has {} rows but value has {}", Sk, value.shape[1]));
     }
+    if (options.causal != Causal::none && options.causal != Causal::top_left &&
+        options.causal != Causal::bottom_right) {
+        throw Error(fmt::format("causal {} is none of none, top_left and bottom_right",
+                                int(options.causal)));
+    }
     Call call{nullptr, {B, H, Sq, Sk}, {}};
     call.mask = detail::resolve_masks(options, call.weights_shape);
     check_kernel_buffers(query, key, options, call);
     if (device_ == Device::cpu) {
-        for (const auto &[name, handle] : {std::pair{"query", query.device_handle},
-                                           {"key", key.device_handle},
-                                           {"value", value.device_handle},
-                                           {"a mask", call.mask.device_handle}}) {
-            if (handle != 0) {
-                throw Error(
-                    fmt::format("{} has a device_handle but the module runs on the cpu", name));
-            }
+        check_on_host("query", query, kOnTheCpu);
+        check_on_host("key", key, kOnTheCpu);
+        check_on_host("value", value, kOnTheCpu);
+        if (call.mask.device_handle != 0) {
+            throw Error(fmt::format("a mask has a device_handle but {}", kOnTheCpu));
         }
     }
     contract::KernelVariant variant;
@@ -236,6 +252,23 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
     call.kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk), variant);
     const bool averaged = options.weights && options.average_weights;
+    if (averaged) {
+        check_view("weights", *options.weights, 3, "[batch, query length, key length]");
+        check_tensor("weights", *options.weights, std::array{B, Sq, Sk});
+        // The per-head weights the mean is taken over are the library's: they must fit a kernel.
+        check_kernel_buffer({B, H, Sq, Sk}, sizeof(float), [&] {
+            return fmt::format(
+                "averaged weights of [B, Sq, Sk] = [{}, {}, {}]: the per-head "
+                "weights [B, H, Sq, Sk] they average",
+                B, Sq, Sk);
+        });
+    } else if (options.weights) {
+        check_view("weights", *options.weights, 4, "[batch, num_heads, query length, key length]");
+        check_tensor("weights", *options.weights, call.weights_shape);
+    }
+    if (options.weights && device_ == Device::cpu) {
+        check_on_host("weights", *options.weights, kOnTheCpu);
+    }
     if (averaged) {
         call.average_kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk),
                                                   {contract::KernelOp::average_heads});
@@ -269,29 +302,9 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     check_tensor("output", output, std::array{B, Sq, E});
     const bool averaged = call.average_kernel != nullptr;
-    const auto [H, Sk] = std::pair{call.weights_shape[1], call.weights_shape[3]};
-    if (averaged) {
-        check_view("weights", *weights, 3, "[batch, query length, key length]");
-        check_tensor("weights", *weights, std::array{B, Sq, Sk});
-        // The per-head weights the mean is taken over are the library's: they must fit a kernel.
-        check_kernel_buffer({B, H, Sq, Sk}, sizeof(float), [&] {
-            return fmt::format(
-                "averaged weights of [B, Sq, Sk] = [{}, {}, {}]: the per-head "
-                "weights [B, H, Sq, Sk] they average",
-                B, Sq, Sk);
-        });
-    } else if (weights) {
-        check_view("weights", *weights, 4, "[batch, num_heads, query length, key length]");
-        check_tensor("weights", *weights, call.weights_shape);
-    }
+    const int64_t H = call.weights_shape[1], Sk = call.weights_shape[3];
     if (device_ == Device::cpu) {
-        for (const auto &[name, handle] : {std::pair{"output", output.device_handle},
-                                           {"weights", weights ? weights->device_handle : 0}}) {
-            if (handle != 0) {
-                throw Error(
-                    fmt::format("{} has a device_handle but the module runs on the cpu", name));
-            }
-        }
+        check_on_host("output", output, kOnTheCpu);
     }
 
     // Buffers for every argument the variant takes; the kernel reads them in contract order.
@@ -347,22 +360,24 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
     detail::CallContext context;
     if (device_ != Device::cpu) {
         const detail::KernelComponent &component = *component_for(device_);
-        detail::place_on_device(q, query.device_handle, true, component, context);
+        detail::place_on_device(q, query.device_handle, true, component, context, "query");
         if (!call.kernel->variant.fused_qkv) {
-            detail::place_on_device(k, key.device_handle, true, component, context);
-            detail::place_on_device(v, value.device_handle, true, component, context);
+            detail::place_on_device(k, key.device_handle, true, component, context, "key");
+            detail::place_on_device(v, value.device_handle, true, component, context, "value");
         }
         if (call.mask.kind != contract::MaskKind::none) {
-            detail::place_on_device(mask_buffer, call.mask.device_handle, true, component, context);
+            detail::place_on_device(mask_buffer, call.mask.device_handle, true, component, context,
+                                    "the mask");
         }
-        detail::place_on_device(out, output.device_handle, false, component, context);
+        detail::place_on_device(out, output.device_handle, false, component, context, "output");
         if (averaged) {
-            detail::place_on_device(weights_buffer, 0, false, component, context);
+            detail::place_on_device(weights_buffer, 0, false, component, context,
+                                    "the per-head weights");
             detail::place_on_device(averaged_buffer, weights->device_handle, false, component,
-                                    context);
+                                    context, "weights");
         } else if (weights) {
             detail::place_on_device(weights_buffer, weights->device_handle, false, component,
-                                    context);
+                                    context, "weights");
         }
     }
     detail::call_kernel(*call.kernel, context, values);
@@ -370,10 +385,10 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
         detail::call_kernel(*call.average_kernel, context, values);
     }
     if (device_ != Device::cpu) {
-        detail::copy_output_to_host(out, output.device_handle, context);
+        detail::copy_output_to_host(out, output.device_handle, context, "output");
         if (weights) {
             detail::copy_output_to_host(averaged ? averaged_buffer : weights_buffer,
-                                        weights->device_handle, context);
+                                        weights->device_handle, context, "weights");
         }
     }
 }

@@ -76,7 +76,7 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
         for (std::optional<HostBuffer> &b : buffers) {
             if (b) {
                 CallContext context;
-                place_on_device(*b, 0, /*is_input=*/true, *gpu, context);
+                place_on_device(*b, 0, /*is_input=*/true, *gpu, context, "the module's weights");
             }
         }
     }

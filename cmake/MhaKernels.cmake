@@ -77,6 +77,17 @@ function(mha_kernel name)
                        USE_RUNTIME mha_halide_runtime
                        FUNCTION_INFO_HEADER function_info_header)
     set_property(GLOBAL APPEND PROPERTY MHA_${ARG_DEVICE}_KERNELS ${name})
+    # For the ASan tests and the fuzzer, each CPU kernel again with Halide's asan feature: the
+    # same function, its loads and stores checked by AddressSanitizer.
+    if (MHA_SANITIZER_TESTS AND ARG_DEVICE STREQUAL "cpu")
+        add_halide_library(${name}_asan FROM mha_generators
+                           GENERATOR ${ARG_GENERATOR}
+                           FUNCTION_NAME ${name}
+                           TARGETS ${ARG_TARGET}-asan
+                           PARAMS ${ARG_PARAMS}
+                           USE_RUNTIME mha_halide_runtime_asan)
+        set_property(GLOBAL APPEND PROPERTY MHA_cpu_asan_KERNELS ${name}_asan)
+    endif ()
     # `cmake --build <build> --target <name>.stmt` (scripts/dev.sh stmt <name>): Halide's HTML
     # statement view and the assembly of this kernel, as the build compiles it.
     set(views ${PROJECT_BINARY_DIR}/kernel_views/${name})

@@ -13,6 +13,9 @@
 #                                      the Python package; writes a table and a plot (PNG)
 #   scripts/dev.sh stmt KERNEL         write Halide's HTML statement view and assembly of one
 #                                      kernel (names: build/cli/mha --list-kernels)
+#   scripts/dev.sh fuzz [libFuzzer options]
+#                                      build the libFuzzer harness (tests/fuzz) and run it from
+#                                      the committed seed corpus, e.g. -runs=1000000
 # A second call reuses the virtual environment and the build directory of the first.
 set -euo pipefail
 
@@ -26,10 +29,10 @@ build="${MHA_BUILD_DIR:-$root/build}"
 python_requirements=(halide==21.0.0 cmake==4.4.5 ninja==1.13.2)
 # The Python package's tests and the benchmarks' peers.
 torch_requirements=(torch==2.15.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6
-                    transformers==5.24.0 matplotlib==3.11.2 pytest==9.2.0)
+                    transformers==5.24.0 matplotlib==3.11.2 pytest==9.2.0 atheris==3.0.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
-                 libopenblas-dev binutils clang-format pkgconf)
+                 libopenblas-dev binutils clang-format pkgconf clang libclang-rt-14-dev)
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -127,8 +130,17 @@ case "$command" in
         configure_and_build
         "$venv/bin/cmake" --build "$build" --target "$1.stmt"
         ;;
+    fuzz)  # scripts/dev.sh fuzz -runs=1000000 (or -max_total_time=600)
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build
+        "$venv/bin/ctest" --test-dir "$build" -R '^Fuzz\.Build$' --output-on-failure
+        fuzz="$build/tests/fuzz"
+        "$fuzz/build/mha_fuzz_api" -timeout=10 -print_final_stats=1 -artifact_prefix="$fuzz/" "$@" \
+            "$fuzz/corpus" "$root/tests/fuzz/corpus"
+        ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options]" >&2
         exit 2
         ;;
 esac

@@ -67,8 +67,10 @@ class Attention:
         query = float32_array("query", query)
         key = float32_array("key", key)
         value = float32_array("value", value)
-        if query.ndim != 3:
-            raise ValueError(f"query has shape {query.shape}: expected [batch, tokens, embed_dim]")
+        for name, array in (("query", query), ("key", key), ("value", value)):
+            if array.ndim != 3:
+                raise ValueError(
+                    f"{name} has shape {array.shape}: expected [batch, tokens, features]")
         batch, query_len, _ = query.shape
         output = np.empty((batch, query_len, self.embed_dim), np.float32)
         weights = None

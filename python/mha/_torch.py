@@ -251,6 +251,10 @@ class MultiheadAttention(torch.nn.Module):
             _check_float32_cpu(name, tensor)
         _check_mask("key_padding_mask", key_padding_mask)
         _check_mask("attn_mask", attn_mask)
+        if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
+            raise ValueError(
+                f"query, key and value have shapes {tuple(query.shape)}, {tuple(key.shape)} and "
+                f"{tuple(value.shape)}: all must be 3-D (batched) or all 2-D [L, E] (unbatched)")
         batched = query.dim() == 3
         if not batched:  # [L, E]: one sequence
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)

@@ -3,42 +3,7 @@ import numpy as np
 import pytest
 
 import mha
-
-
-def reference(query, key, value, weights, biases, num_heads, key_padding_mask=None,
-              attn_mask=None, is_causal=False):
-    """torch.nn.MultiheadAttention's definition in float64 (batch first, blocked = -1e9)."""
-    q, k, v = (x.astype(np.float64) @ w.T.astype(np.float64) + b
-               for x, w, b in zip((query, key, value), weights[:3], biases[:3]))
-    batch, query_len, embed_dim = q.shape
-    key_len = k.shape[1]
-    head_dim = embed_dim // num_heads
-
-    def heads(x):
-        return x.reshape(batch, -1, num_heads, head_dim).transpose(0, 2, 1, 3)
-
-    scores = heads(q) @ heads(k).transpose(0, 1, 3, 2) / np.sqrt(head_dim)
-    blocked = np.zeros(scores.shape, bool)
-    if key_padding_mask is not None:
-        blocked |= key_padding_mask[:, None, None, :]
-    if attn_mask is not None:
-        blocked |= attn_mask
-    if is_causal:
-        blocked |= np.triu(np.ones((query_len, key_len), bool), 1)
-    scores = np.where(blocked, -1e9, scores)
-    scores = np.exp(scores - scores.max(-1, keepdims=True))
-    attention = scores / scores.sum(-1, keepdims=True)
-    context = (attention @ heads(v)).transpose(0, 2, 1, 3).reshape(batch, query_len, embed_dim)
-    return context @ weights[3].T.astype(np.float64) + biases[3], attention.mean(1)
-
-
-def random_module(rng, embed_dim, num_heads):
-    weights = [(rng.standard_normal((embed_dim, embed_dim)) / np.sqrt(embed_dim)).astype(np.float32)
-               for _ in range(4)]
-    biases = [rng.standard_normal(embed_dim).astype(np.float32) for _ in range(4)]
-    module = mha.Attention(embed_dim, num_heads, *weights, q_bias=biases[0], k_bias=biases[1],
-                           v_bias=biases[2], out_bias=biases[3])
-    return module, weights, biases
+from numpy_reference import random_module, reference
 
 
 @pytest.mark.parametrize("batch,query_len,key_len,embed_dim,num_heads",
@@ -80,5 +45,8 @@ def test_errors_name_the_argument():
         module(x.astype(np.float64), x, x)
     with pytest.raises(mha.Error, match="value"):
         module(x, x, np.zeros((1, 4, 8), np.float32))
+    # A key of another rank with weights asked for (found by fuzz_python_api.py: an IndexError).
+    with pytest.raises(ValueError, match="key has shape"):
+        module(x, np.zeros(8, np.float32), x, need_weights=True)
     with pytest.raises(mha.Error, match="embed_dim 9 is not divisible by num_heads 2"):
         mha.Attention(9, 2, *(np.zeros((9, 9), np.float32),) * 4)

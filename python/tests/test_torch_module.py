@@ -182,6 +182,9 @@ def test_bad_inputs_are_clear_errors():
         module(x, torch.randn(1, 3, 5), x)
     with pytest.raises(ValueError, match="not divisible"):
         mha.MultiheadAttention(10, 3)
+    # A key of another rank (found by fuzz_python_api.py: an IndexError before).
+    with pytest.raises(ValueError, match="all must be 3-D"):
+        module(x, torch.randn(3, 8), x)
 
 
 def test_decode_matches_causal_forward(seed):

@@ -271,6 +271,16 @@ TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
         "mask has a null data pointer");
 }
 
+// A decode step's arguments: a module of E = 12, its cache of one row of 4 tokens (empty), one
+// token, its output and a key padding that hides nothing.
+struct OneTokenStep {
+    mha::MultiHeadAttention module =
+        mha::reference::make_module(mha::reference::random_problem({1, 1, 1, 12, 3}, 8));
+    mha::KvCache cache = module.make_cache(1, 4);
+    std::vector<float> token = std::vector<float>(12), out = std::vector<float>(12);
+    std::vector<uint8_t> keep = std::vector<uint8_t>(4, 1);
+};
+
 // The module copies its weights from host memory on every device, and decode steps run on the
 // CPU: a device handle there is an error, not a pointer read (tests/fuzz found both).
 TEST_F(ModuleErrors, DeviceHandlesWhereTheHostIsRead) {
@@ -291,28 +301,24 @@ TEST_F(ModuleErrors, DeviceHandlesWhereTheHostIsRead) {
         },
         "in_proj_weight has a device_handle but weights are read from host memory");
 
-    const Problem self = mha::reference::random_problem({1, 1, 1, 12, 3}, 8);
-    const auto module = mha::reference::make_module(self);
-    mha::KvCache cache = module.make_cache(1, 4);
-    std::vector<float> token(12), out(12);
-    std::vector<uint8_t> keep(4, 1);
+    OneTokenStep s;
     expect_error(
         [&] {
-            module.decode({nullptr, {1, 1, 12}, 0x1234}, cache, {out.data(), {1, 1, 12}});
+            s.module.decode({nullptr, {1, 1, 12}, 0x1234}, s.cache, {s.out.data(), {1, 1, 12}});
         },
         "tokens has a device_handle but decode steps run on the cpu");
     expect_error(
         [&] {
-            module.decode({token.data(), {1, 1, 12}}, cache, {nullptr, {1, 1, 12}, 0x1234});
+            s.module.decode({s.token.data(), {1, 1, 12}}, s.cache, {nullptr, {1, 1, 12}, 0x1234});
         },
         "output has a device_handle but decode steps run on the cpu");
     expect_error(
         [&] {
-            module.decode({token.data(), {1, 1, 12}}, cache, {out.data(), {1, 1, 12}},
-                          mha::Mask{{nullptr, {1, 4}, 0x1234}, MaskConvention::keep});
+            s.module.decode({s.token.data(), {1, 1, 12}}, s.cache, {s.out.data(), {1, 1, 12}},
+                            mha::Mask{{nullptr, {1, 4}, 0x1234}, MaskConvention::keep});
         },
         "key_padding has a device_handle but decode steps run on the cpu");
-    EXPECT_EQ(cache.lengths(), std::vector<int64_t>{0});
+    EXPECT_EQ(s.cache.lengths(), std::vector<int64_t>{0});
 }
 
 // Enumerations cast from integers the API does not define (tests/fuzz found them accepted).
@@ -335,15 +341,11 @@ TEST_F(ModuleErrors, EnumerationsOutOfRange) {
     expect_error(
         [&] { mha::reference::make_module(p).forward(q(), k(), v(), output_view(), options); },
         "causal 3 is none of none, top_left and bottom_right");
-    const Problem self = mha::reference::random_problem({1, 1, 1, 12, 3}, 8);
-    const auto module = mha::reference::make_module(self);
-    mha::KvCache cache = module.make_cache(1, 4);
-    std::vector<float> token(12), out(12);
-    std::vector<uint8_t> keep(4, 1);
+    OneTokenStep s;
     expect_error(
         [&] {
-            module.decode({token.data(), {1, 1, 12}}, cache, {out.data(), {1, 1, 12}},
-                          mha::Mask{{keep.data(), {1, 4}}, static_cast<MaskConvention>(9)});
+            s.module.decode({s.token.data(), {1, 1, 12}}, s.cache, {s.out.data(), {1, 1, 12}},
+                            mha::Mask{{s.keep.data(), {1, 4}}, static_cast<MaskConvention>(9)});
         },
         "key_padding has convention 9, neither keep (0) nor block (1)");
 }

@@ -32,6 +32,7 @@ struct Options {
     std::string mask = "none";   // none, a mask convention, or additive
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Causal causal = mha::Causal::none;
+    mha::DType dtype = mha::DType::f32;
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool average_weights = false;
@@ -114,6 +115,16 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     for (mha::Device d : mha::contract::kDevices) {
         devices.emplace_back(mha::contract::device_name(d));
     }
+    std::map<std::string, mha::DType> dtypes;
+    for (mha::DType t : mha::contract::kDTypes) {
+        dtypes.emplace(mha::contract::dtype_name(t), t);
+    }
+    app.add_option("--dtype", o.dtype,
+                   "f32 | bf16 | f16: the module's and the inputs' element type (the reference "
+                   "reads the inputs and weights rounded to it)")
+        ->transform(CLI::CheckedTransformer(dtypes))
+        ->type_name("DTYPE")
+        ->default_str("f32");
     std::string device = "cpu";
     app.add_option("--device", device, "cpu | cuda | opencl")
         ->check(CLI::IsMember(devices))
@@ -247,6 +258,7 @@ int run(const Options &o) {
     }
     problem.causal = o.causal;
     problem.average_weights = o.average_weights;
+    problem.dtype = o.dtype;
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
 
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
@@ -262,17 +274,17 @@ int run(const Options &o) {
                                        std::multiplies<>()));
         weights_view = mha::MutableTensor{weights.data(), weights_shape};
     }
+    const mha::reference::ProblemTensors inputs(problem);  // in --dtype
     const auto forward = [&] {
-        module.forward(mha::reference::query_view(problem), mha::reference::key_view(problem),
-                       mha::reference::value_view(problem), output_view,
-                       mha::reference::options_view(problem, weights_view));
+        inputs.forward(module, output_view, mha::reference::options_view(problem, weights_view));
     };
 
     fmt::print(
-        "mha: {}-attention, batch {}, query length {}, key length {}, embed_dim {}, {} "
+        "mha: {}-attention in {}, batch {}, query length {}, key length {}, embed_dim {}, {} "
         "heads of {}, mask {}, key_padding_mask {}, attn_mask {}, causal {}, weights {}\n",
-        self ? "self" : "cross", d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads,
-        d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask, mha::contract::causal_name(o.causal),
+        self ? "self" : "cross", mha::contract::dtype_name(o.dtype), d.batch, d.query_len,
+        d.key_len, d.embed_dim, d.num_heads, d.head_dim(), o.mask, o.key_padding_mask, o.attn_mask,
+        mha::contract::causal_name(o.causal),
         !o.return_weights   ? "not returned"
         : o.average_weights ? "averaged"
                             : "per head");
@@ -307,6 +319,7 @@ int run_decode(const Options &o) {
     const int64_t B = d.batch, N = d.key_len, E = d.embed_dim, H = d.num_heads, hd = d.head_dim();
     mha::reference::Problem problem = mha::reference::random_problem(
         {B, 1, N + 1, E, d.num_heads}, o.seed, false, 0, 0, o.kv_heads);
+    problem.dtype = o.dtype;  // the f32 tokens are rounded to it on entry
     const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
     mha::KvCache cache = module.make_cache(B, N + 1);
     // The sequences are problem.key (= problem.value): the first N tokens of each row fill the

@@ -53,6 +53,31 @@ inline constexpr std::array kGpuTargets = {
     GpuTarget{Device::opencl, "x86-64-linux-opencl", "libOpenCL.so.1"},
 };
 
+// --- Element types -------------------------------------------------------------------------
+
+// What `mha --dtype` and the benchmarks call them, as PyTorch does (float32 is f32).
+constexpr std::string_view dtype_name(DType dtype) {
+    switch (dtype) {
+    case DType::f32:
+        return "f32";
+    case DType::bf16:
+        return "bf16";
+    case DType::f16:
+        return "f16";
+    }
+    return "unknown";
+}
+inline constexpr std::array kDTypes = {DType::f32, DType::bf16, DType::f16};
+
+constexpr std::optional<DType> dtype_named(std::string_view name) {
+    for (DType dtype : kDTypes) {
+        if (dtype_name(dtype) == name) {
+            return dtype;
+        }
+    }
+    return std::nullopt;
+}
+
 // --- CPU instruction sets ----------------------------------------------------------------
 
 // One set of CPU kernels. The runtime runs the first one this CPU supports (asking Halide's own

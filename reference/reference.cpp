@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <type_traits>
 
 namespace mha::reference {
 
@@ -26,7 +27,76 @@ int64_t product(const std::vector<int64_t> &shape) {
     return n;
 }
 
+DType problem_dtype = DType::f32;
+
+// x as a tensor of `dtype` holds it.
+std::vector<float> rounded(const std::vector<float> &x, DType dtype) {
+    std::vector<float> r(x.size());
+    for (size_t n = 0; n < x.size(); n++) {
+        r[n] = dtype == DType::bf16  ? to_float(to_bfloat16(x[n]))
+               : dtype == DType::f16 ? to_float(to_float16(x[n]))
+                                     : x[n];
+    }
+    return r;
+}
+
 }  // namespace
+
+void set_problem_dtype(DType dtype) { problem_dtype = dtype; }
+
+namespace {
+
+template <typename T>
+std::vector<uint16_t> bits_of(const std::vector<float> &x) {
+    std::vector<uint16_t> bits(x.size());
+    for (size_t n = 0; n < x.size(); n++) {
+        if constexpr (std::is_same_v<T, bfloat16>) {
+            bits[n] = to_bfloat16(x[n]).bits;
+        } else {
+            bits[n] = to_float16(x[n]).bits;
+        }
+    }
+    return bits;
+}
+
+template <typename T>
+TensorView<const T> typed_view(const std::vector<uint16_t> &bits, const Tensor &like) {
+    static_assert(sizeof(T) == sizeof(uint16_t));
+    return {reinterpret_cast<const T *>(bits.data()), like.shape};
+}
+
+}  // namespace
+
+ProblemTensors::ProblemTensors(const Problem &p) : p_(p) {
+    const auto convert = [&](const std::vector<float> &x) {
+        return p.dtype == DType::bf16 ? bits_of<bfloat16>(x) : bits_of<float16>(x);
+    };
+    if (p.dtype != DType::f32) {
+        query_ = convert(p.query);
+        if (!p.self_attention) {
+            key_ = convert(p.key);
+            value_ = convert(p.value);
+        }
+    }
+}
+
+void ProblemTensors::forward(const MultiHeadAttention &module, const MutableTensor &output,
+                             const ForwardOptions &options) const {
+    const auto call = [&](auto type) {
+        using T = decltype(type);
+        const std::vector<uint16_t> &key = p_.self_attention ? query_ : key_;
+        const std::vector<uint16_t> &value = p_.self_attention ? query_ : value_;
+        module.forward(typed_view<T>(query_, query_view(p_)), typed_view<T>(key, key_view(p_)),
+                       typed_view<T>(value, value_view(p_)), output, options);
+    };
+    if (p_.dtype == DType::bf16) {
+        call(bfloat16{});
+    } else if (p_.dtype == DType::f16) {
+        call(float16{});
+    } else {
+        module.forward(query_view(p_), key_view(p_), value_view(p_), output, options);
+    }
+}
 
 int64_t out_features(const Problem &p, int l) {
     return l == 1 || l == 2 ? p.kv_heads * p.dims.head_dim() : p.dims.embed_dim;
@@ -38,6 +108,7 @@ Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention, int
     Problem p;
     p.dims = dims;
     p.self_attention = self_attention;
+    p.dtype = problem_dtype;
     const int64_t E = dims.embed_dim;
     p.in_features = {E, kdim > 0 ? kdim : E, vdim > 0 ? vdim : E, E};
     p.kv_heads = kv_heads > 0 ? kv_heads : dims.num_heads;
@@ -118,7 +189,7 @@ std::array<Linear, 4> linears(const Problem &p) {
 MultiHeadAttention make_module(const Problem &p, Device device) {
     const std::array<Linear, 4> lin = linears(p);
     return MultiHeadAttention(p.dims.embed_dim, p.dims.num_heads, lin[0], lin[1], lin[2], lin[3],
-                              device);
+                              device, p.dtype);
 }
 
 Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with_weights) {
@@ -133,9 +204,8 @@ Outputs run_module(const MultiHeadAttention &module, const Problem &p, bool with
         r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
         weights = MutableTensor{r.weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
     }
-    module.forward(query_view(p), key_view(p), value_view(p),
-                   {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
-                   options_view(p, weights));
+    ProblemTensors(p).forward(module, {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
+                              options_view(p, weights));
     return r;
 }
 
@@ -376,7 +446,16 @@ std::vector<double> attend_values(const std::vector<double> &weights, const std:
     return out;
 }
 
-Result forward(const Problem &p) {
+Result forward(const Problem &given) {
+    // The inputs, weights and biases as tensors of the problem's dtype hold them.
+    Problem p = given;
+    for (std::vector<float> *x : {&p.query, &p.key, &p.value}) {
+        *x = rounded(*x, p.dtype);
+    }
+    for (int l = 0; l < 4; l++) {
+        p.weight[l] = rounded(p.weight[l], p.dtype);
+        p.bias[l] = rounded(p.bias[l], p.dtype);
+    }
     const Dims &m = p.dims;
     const int64_t B = m.batch, Sq = m.query_len, Sk = m.key_len, E = m.embed_dim;
     const int64_t H = m.num_heads, d = m.head_dim();

@@ -43,7 +43,14 @@ struct Problem {
     std::optional<TorchMask> key_padding_mask, attn_mask;
     Causal causal = Causal::none;
     bool average_weights = false;  // weights averaged over heads, [B, Sq, Sk]
+    // The library runs the problem in `dtype`: a module of that dtype, its tensors of that type
+    // (the output f32); the reference reads the inputs, weights and biases rounded to it.
+    DType dtype = DType::f32;
 };
+
+// The dtype random_problem() gives its problems: f32 unless set (the tests run every forward
+// suite again in bf16 and in f16 this way, MHA_TEST_DTYPE).
+void set_problem_dtype(DType dtype);
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
 // query, key and value (Sq must equal Sk), which selects the fused QKV kernels.
@@ -77,6 +84,19 @@ std::optional<Mask> mask_view(const Problem &p);
 // Every mask of the problem, and `weights` when given.
 ForwardOptions options_view(const Problem &p,
                             const std::optional<MutableTensor> &weights = std::nullopt);
+
+// A problem's query, key and value as tensors of its dtype, converted once, and the call of a
+// module on them (the output in f32): what run_module() and timing loops call.
+class ProblemTensors {
+public:
+    explicit ProblemTensors(const Problem &p);  // `p` must outlive this
+    void forward(const MultiHeadAttention &module, const MutableTensor &output,
+                 const ForwardOptions &options) const;
+
+private:
+    const Problem &p_;
+    std::vector<uint16_t> query_, key_, value_;  // bf16 or f16 bits; none for f32
+};
 
 // What `module` computes for `p`: output [B, Sq, E] and, when requested, weights [B, H, Sq, Sk]
 // or, averaged, [B, Sq, Sk] (empty otherwise); buffers start as NaN so that anything left

@@ -254,7 +254,9 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
 }
 
 // Once a step with as many new tokens has run, a step allocates nothing: no heap allocation by
-// the library, and no new block for Halide's buffers.
+// the library, and no new block for Halide's buffers. A module of a 16-bit dtype converts the
+// tokens and the output through the scratch pool too; only the converted views' shapes (two
+// vectors each) come from the heap.
 TEST(DecodeAllocations, AStepAllocatesNothing) {
     Decoder decoder(2, 64, 4, 40);
     decoder.step({7, 3});
@@ -265,7 +267,8 @@ TEST(DecodeAllocations, AStepAllocatesNothing) {
     const size_t blocks = mha::detail::scratch_blocks_allocated();
     mha::testing::start_counting_allocations();
     decoder.module().decode(token_view, decoder.cache(), output_view);
-    EXPECT_EQ(mha::testing::stop_counting_allocations(), 0u);
+    const size_t shape_copies = decoder.module().dtype() == mha::DType::f32 ? 0 : 4;
+    EXPECT_EQ(mha::testing::stop_counting_allocations(), shape_copies);
     EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
 }
 

@@ -320,7 +320,8 @@ TEST(ForwardFeatures, PackedInProjEqualsThreeLinears) {
     }
     const auto packed = mha::MultiHeadAttention::from_in_proj(
         d.embed_dim, d.num_heads, {in_proj_weight.data(), {3 * d.embed_dim, d.embed_dim}},
-        mha::Tensor{in_proj_bias.data(), {3 * d.embed_dim}}, mha::reference::linears(p)[3]);
+        mha::Tensor{in_proj_bias.data(), {3 * d.embed_dim}}, mha::reference::linears(p)[3],
+        mha::Device::cpu, p.dtype);
     EXPECT_EQ(mha::reference::run_module(packed, p, true).output, run_forward(p, true).output);
 }
 
@@ -332,7 +333,7 @@ TEST(ForwardFeatures, MissingBiasIsZero) {
     linears[1].bias.reset();
     linears[3].bias.reset();
     const mha::MultiHeadAttention module(d.embed_dim, d.num_heads, linears[0], linears[1],
-                                         linears[2], linears[3]);
+                                         linears[2], linears[3], mha::Device::cpu, p.dtype);
     std::fill(p.bias[1].begin(), p.bias[1].end(), 0.0f);
     std::fill(p.bias[3].begin(), p.bias[3].end(), 0.0f);
     const auto got = mha::reference::run_module(module, p, false);

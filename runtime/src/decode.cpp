@@ -9,6 +9,7 @@
 #include "buffers.h"
 #include "checks.h"
 #include "cpu_isa.h"
+#include "dtype.h"
 #include "halide_calls.h"
 #include "kernel_table.h"
 #include "mha/mha.h"
@@ -113,6 +114,43 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
 void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
                                 const std::optional<Mask> &key_padding,
                                 const std::vector<int64_t> &new_tokens) const {
+    if (dtype_ == DType::f32) {
+        decode_f32(tokens, cache, output, key_padding, new_tokens);
+    } else {
+        decode_converted(tokens, cache, output, key_padding, new_tokens);
+    }
+}
+
+template <typename In, typename Out>
+void MultiHeadAttention::decode_converted(const TensorView<const In> &tokens, KvCache &cache,
+                                          const TensorView<Out> &output,
+                                          const std::optional<Mask> &key_padding,
+                                          const std::vector<int64_t> &new_tokens) const {
+    detail::check_activations<In>(dtype_);
+    const detail::ConvertedInput<In> in("tokens", tokens, dtype_);
+    const detail::ConvertedOutput<Out> out("output", output);
+    decode_f32(in.view(), cache, out.view(), key_padding, new_tokens);
+    out.finish();
+}
+
+void MultiHeadAttention::decode(const BF16Tensor &tokens, KvCache &cache,
+                                const MutableBF16Tensor &output,
+                                const std::optional<Mask> &key_padding,
+                                const std::vector<int64_t> &new_tokens) const {
+    decode_converted(tokens, cache, output, key_padding, new_tokens);
+}
+
+void MultiHeadAttention::decode(const F16Tensor &tokens, KvCache &cache,
+                                const MutableF16Tensor &output,
+                                const std::optional<Mask> &key_padding,
+                                const std::vector<int64_t> &new_tokens) const {
+    decode_converted(tokens, cache, output, key_padding, new_tokens);
+}
+
+void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
+                                    const MutableTensor &output,
+                                    const std::optional<Mask> &key_padding,
+                                    const std::vector<int64_t> &new_tokens) const {
     using contract::ArgId;
     detail::KvCacheStorage &c = *cache.storage_;
     if (c.module != packed_) {

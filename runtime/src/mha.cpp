@@ -10,6 +10,7 @@
 #include "checks.h"
 #include "cpu_isa.h"
 #include "device.h"
+#include "dtype.h"
 #include "halide_calls.h"
 #include "kernel_table.h"
 #include "masks.h"
@@ -41,6 +42,12 @@ const detail::KernelComponent *component_for(Device device) {
     return &detail::gpu_component(device);
 }
 
+void check_dtype(DType dtype) {
+    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+        throw Error(fmt::format("dtype {} is none of f32, bf16 and f16", int(dtype)));
+    }
+}
+
 }  // namespace
 
 // What one call runs, after its arguments are checked.
@@ -53,13 +60,14 @@ struct MultiHeadAttention::Call {
 
 MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                                        const Linear &k_proj, const Linear &v_proj,
-                                       const Linear &out_proj, Device device)
-    : embed_dim_(embed_dim), num_heads_(num_heads), device_(device) {
+                                       const Linear &out_proj, Device device, DType dtype)
+    : embed_dim_(embed_dim), num_heads_(num_heads), device_(device), dtype_(dtype) {
     detail::install_runtime_hooks();
     if (std::find(contract::kDevices.begin(), contract::kDevices.end(), device) ==
         contract::kDevices.end()) {
         throw Error(fmt::format("device {} is none of cpu, cuda and opencl", int(device)));
     }
+    check_dtype(dtype);
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
     }
@@ -106,15 +114,72 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                         "bytes a kernel addresses",
                         embed_dim, kMaxBufferBytes));
     }
+    // A module of a 16-bit dtype packs its weights rounded to it.
+    std::optional<detail::WidenedLinears> rounded;
+    if (dtype != DType::f32) {
+        rounded.emplace(std::array{linears[0], linears[1], linears[2], linears[3]}, dtype);
+        for (int p = 0; p < 4; p++) {
+            linears[p] = &rounded->linears[size_t(p)];
+        }
+    }
     const detail::KernelComponent *component = component_for(device);
     packed_ = std::make_shared<const detail::PackedWeights>(
         E, num_heads, linears, device == Device::cpu ? nullptr : component);
 }
 
+namespace {
+
+// The views of 16-bit projections, checked before they are widened (the f32 constructor then
+// checks their shapes against each other).
+template <typename T>
+std::array<const LinearOf<T> *, 4> checked_views(const LinearOf<T> &q_proj,
+                                                 const LinearOf<T> &k_proj,
+                                                 const LinearOf<T> &v_proj,
+                                                 const LinearOf<T> &out_proj) {
+    const std::array<const LinearOf<T> *, 4> linears{&q_proj, &k_proj, &v_proj, &out_proj};
+    for (size_t p = 0; p < linears.size(); p++) {
+        const std::string weight = fmt::format("{}.weight", kProjectionNames[p]);
+        check_view(weight.c_str(), linears[p]->weight, 2, "[out features, in features]");
+        check_on_host(weight.c_str(), linears[p]->weight, kWeightsOnHost);
+        if (linears[p]->bias) {
+            const std::string bias = fmt::format("{}.bias", kProjectionNames[p]);
+            check_view(bias.c_str(), *linears[p]->bias, 1, "[out features]");
+            check_on_host(bias.c_str(), *linears[p]->bias, kWeightsOnHost);
+        }
+    }
+    return linears;
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
+                                       const detail::WidenedLinears &w, Device device, DType dtype)
+    : MultiHeadAttention(embed_dim, num_heads, w.linears[0], w.linears[1], w.linears[2],
+                         w.linears[3], device, dtype) {}
+
+MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
+                                       const BF16Linear &q_proj, const BF16Linear &k_proj,
+                                       const BF16Linear &v_proj, const BF16Linear &out_proj,
+                                       Device device, DType dtype)
+    : MultiHeadAttention(
+          embed_dim, num_heads,
+          detail::WidenedLinears(checked_views(q_proj, k_proj, v_proj, out_proj), DType::f32),
+          device, dtype) {}
+
+MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads,
+                                       const F16Linear &q_proj, const F16Linear &k_proj,
+                                       const F16Linear &v_proj, const F16Linear &out_proj,
+                                       Device device, DType dtype)
+    : MultiHeadAttention(
+          embed_dim, num_heads,
+          detail::WidenedLinears(checked_views(q_proj, k_proj, v_proj, out_proj), DType::f32),
+          device, dtype) {}
+
 MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t num_heads,
                                                     const Tensor &in_proj_weight,
                                                     const std::optional<Tensor> &in_proj_bias,
-                                                    const Linear &out_proj, Device device) {
+                                                    const Linear &out_proj, Device device,
+                                                    DType dtype) {
     const int64_t E = embed_dim;
     if (E < 1 || E > kMaxBufferBytes) {
         throw Error(fmt::format("embed_dim {} must be in [1, {}]", E, kMaxBufferBytes));
@@ -134,7 +199,8 @@ MultiHeadAttention MultiHeadAttention::from_in_proj(int64_t embed_dim, int64_t n
             qkv[p].bias = Tensor{in_proj_bias->data + p * E, {E}};
         }
     }
-    return MultiHeadAttention(embed_dim, num_heads, qkv[0], qkv[1], qkv[2], out_proj, device);
+    return MultiHeadAttention(embed_dim, num_heads, qkv[0], qkv[1], qkv[2], out_proj, device,
+                              dtype);
 }
 
 int64_t MultiHeadAttention::kdim() const { return packed_->in_features[1]; }
@@ -297,6 +363,52 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const MutableTensor &output, const ForwardOptions &options) const {
+    if (dtype_ == DType::f32) {
+        forward_f32(query, key, value, output, options);
+    } else {
+        forward_converted(query, key, value, output, options);
+    }
+}
+
+template <typename In, typename Out>
+void MultiHeadAttention::forward_converted(const TensorView<const In> &query,
+                                           const TensorView<const In> &key,
+                                           const TensorView<const In> &value,
+                                           const TensorView<Out> &output,
+                                           const ForwardOptions &options) const {
+    detail::check_activations<In>(dtype_);
+    const detail::ConvertedInput<In> q("query", query, dtype_);
+    const detail::ConvertedInput<In> k("key", key, dtype_, &q);
+    const detail::ConvertedInput<In> v("value", value, dtype_, value.data == query.data ? &q : &k);
+    const detail::ConvertedOutput<Out> out("output", output);
+    forward_f32(q.view(), k.view(), v.view(), out.view(), options);
+    out.finish();
+}
+
+void MultiHeadAttention::forward(const BF16Tensor &query, const BF16Tensor &key,
+                                 const BF16Tensor &value, const MutableBF16Tensor &output,
+                                 const ForwardOptions &options) const {
+    forward_converted(query, key, value, output, options);
+}
+void MultiHeadAttention::forward(const BF16Tensor &query, const BF16Tensor &key,
+                                 const BF16Tensor &value, const MutableTensor &output,
+                                 const ForwardOptions &options) const {
+    forward_converted(query, key, value, output, options);
+}
+void MultiHeadAttention::forward(const F16Tensor &query, const F16Tensor &key,
+                                 const F16Tensor &value, const MutableF16Tensor &output,
+                                 const ForwardOptions &options) const {
+    forward_converted(query, key, value, output, options);
+}
+void MultiHeadAttention::forward(const F16Tensor &query, const F16Tensor &key,
+                                 const F16Tensor &value, const MutableTensor &output,
+                                 const ForwardOptions &options) const {
+    forward_converted(query, key, value, output, options);
+}
+
+void MultiHeadAttention::forward_f32(const Tensor &query, const Tensor &key, const Tensor &value,
+                                     const MutableTensor &output,
+                                     const ForwardOptions &options) const {
     const std::optional<MutableTensor> &weights = options.weights;
     const Call call = prepare(query, key, value, options);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;

@@ -46,6 +46,23 @@ enum class Device {
     opencl,  // any OpenCL 1.2 device (also CPUs, through PoCL)
 };
 
+// The element type of a module's activations and weights. Whatever it is, the kernels
+// accumulate, and take the softmax and its statistics, in f32; the attention weights a call
+// returns are f32. A 16-bit element is held as its bits: bfloat16 (bf16: f32's exponent, 8 bits
+// of mantissa) or float16 (f16: IEEE binary16).
+enum class DType { f32, bf16, f16 };
+struct bfloat16 {
+    uint16_t bits = 0;
+};
+struct float16 {
+    uint16_t bits = 0;
+};
+// Exact widening, and rounding to the nearest even (NaN stays NaN; f16 overflows to Inf).
+float to_float(bfloat16 x);
+float to_float(float16 x);
+bfloat16 to_bfloat16(float x);
+float16 to_float16(float x);
+
 // A row-major, contiguous view: `shape` lists dimensions outermost first, as PyTorch does.
 // On a GPU module a tensor may live in device memory instead: `device_handle` is then a CUDA
 // device pointer (CUdeviceptr) or an OpenCL buffer (cl_mem, of the context Halide's runtime
@@ -58,6 +75,10 @@ struct TensorView {
 };
 using Tensor = TensorView<const float>;
 using MutableTensor = TensorView<float>;
+using BF16Tensor = TensorView<const bfloat16>;
+using MutableBF16Tensor = TensorView<bfloat16>;
+using F16Tensor = TensorView<const float16>;
+using MutableF16Tensor = TensorView<float16>;
 
 // The two mask conventions of the seeds.
 enum class MaskConvention {
@@ -120,15 +141,21 @@ struct ForwardOptions {
     bool average_weights = false;
 };
 
-// One nn.Linear(in, E): weight [E, in] in [out, in] layout, bias [E] or none (zero).
-struct Linear {
-    Tensor weight;
-    std::optional<Tensor> bias;
+// One nn.Linear(in, E): weight [E, in] in [out, in] layout, bias [E] or none (zero); in f32
+// (Linear), or as a model ships them, bf16 or f16.
+template <typename T>
+struct LinearOf {
+    TensorView<const T> weight;
+    std::optional<TensorView<const T>> bias;
 };
+using Linear = LinearOf<float>;
+using BF16Linear = LinearOf<bfloat16>;
+using F16Linear = LinearOf<float16>;
 
 namespace detail {
 struct PackedWeights;
 struct KvCacheStorage;
+struct WidenedLinears;
 }  // namespace detail
 
 // The keys and values of the tokens a decoder has seen, already projected and split into heads,
@@ -165,18 +192,34 @@ public:
     // attention, as Llama-family models and SDPA's enable_gqa; 1 is multi-query attention;
     // num_heads, the default, is the seed's multi-head attention). Query head h attends with
     // key/value head h / (num_heads / kv_heads).
+    //
+    // `dtype` is the element type the module computes in: its weights are rounded to it here,
+    // once, and the activations of a call to it on entry (f32 ones rounded, 16-bit ones of its
+    // own type as they are; a 16-bit tensor of the other type raises mha::Error). The kernels
+    // then run in f32: the result is f32 arithmetic on inputs and weights rounded to `dtype`,
+    // what a bf16 or f16 model gives with f32 accumulation. Weights may arrive in bf16 or f16
+    // (widened exactly).
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                        const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
-                       Device device = Device::cpu);
+                       Device device = Device::cpu, DType dtype = DType::f32);
+    MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const BF16Linear &q_proj,
+                       const BF16Linear &k_proj, const BF16Linear &v_proj,
+                       const BF16Linear &out_proj, Device device = Device::cpu,
+                       DType dtype = DType::bf16);
+    MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const F16Linear &q_proj,
+                       const F16Linear &k_proj, const F16Linear &v_proj, const F16Linear &out_proj,
+                       Device device = Device::cpu, DType dtype = DType::f16);
 
     // From PyTorch's packed input projection, nn.MultiheadAttention's in_proj_weight [3E, E]
     // (Wq, Wk, Wv stacked) and in_proj_bias [3E] (or none), and out_proj.
     static MultiHeadAttention from_in_proj(int64_t embed_dim, int64_t num_heads,
                                            const Tensor &in_proj_weight,
                                            const std::optional<Tensor> &in_proj_bias,
-                                           const Linear &out_proj, Device device = Device::cpu);
+                                           const Linear &out_proj, Device device = Device::cpu,
+                                           DType dtype = DType::f32);
 
     Device device() const { return device_; }
+    DType dtype() const { return dtype_; }
     int64_t embed_dim() const { return embed_dim_; }
     int64_t num_heads() const { return num_heads_; }
     int64_t head_dim() const { return embed_dim_ / num_heads_; }
@@ -194,6 +237,16 @@ public:
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
+    // bf16 or f16 activations (host tensors), the output in f32 or in the inputs' type (rounded
+    // to the nearest even); masks and weights as in the f32 call.
+    void forward(const BF16Tensor &query, const BF16Tensor &key, const BF16Tensor &value,
+                 const MutableBF16Tensor &output, const ForwardOptions &options = {}) const;
+    void forward(const BF16Tensor &query, const BF16Tensor &key, const BF16Tensor &value,
+                 const MutableTensor &output, const ForwardOptions &options = {}) const;
+    void forward(const F16Tensor &query, const F16Tensor &key, const F16Tensor &value,
+                 const MutableF16Tensor &output, const ForwardOptions &options = {}) const;
+    void forward(const F16Tensor &query, const F16Tensor &key, const F16Tensor &value,
+                 const MutableTensor &output, const ForwardOptions &options = {}) const;
 
     // A cache for decode steps of this (CPU) module, whose kdim and vdim are E: `batch` rows of
     // up to `capacity` tokens.
@@ -208,8 +261,16 @@ public:
     // convention, hides cache positions from every new token (among the keys it sees: one whose
     // every key is hidden weighs those keys uniformly). A step that would exceed a row's capacity
     // raises mha::Error and leaves the cache as it was. Allocates nothing once a first step with as
-    // many new tokens ran.
+    // many new tokens ran (a module of a 16-bit dtype converts through reused memory too, and
+    // copies only the shapes of the converted views).
     void decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
+                const std::optional<Mask> &key_padding = std::nullopt,
+                const std::vector<int64_t> &new_tokens = {}) const;
+    // The same for bf16 or f16 tokens, the output in their type.
+    void decode(const BF16Tensor &tokens, KvCache &cache, const MutableBF16Tensor &output,
+                const std::optional<Mask> &key_padding = std::nullopt,
+                const std::vector<int64_t> &new_tokens = {}) const;
+    void decode(const F16Tensor &tokens, KvCache &cache, const MutableF16Tensor &output,
                 const std::optional<Mask> &key_padding = std::nullopt,
                 const std::vector<int64_t> &new_tokens = {}) const;
 
@@ -220,6 +281,24 @@ public:
 
 private:
     struct Call;
+    MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const detail::WidenedLinears &linears,
+                       Device device, DType dtype);
+    // forward() and decode() on f32 tensors, with the module's weights as they are packed.
+    void forward_f32(const Tensor &query, const Tensor &key, const Tensor &value,
+                     const MutableTensor &output, const ForwardOptions &options) const;
+    void decode_f32(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
+                    const std::optional<Mask> &key_padding,
+                    const std::vector<int64_t> &new_tokens) const;
+    // Either of them on tensors of type In, converted to f32 rounded to the module's dtype; the
+    // output converted back to Out.
+    template <typename In, typename Out>
+    void forward_converted(const TensorView<const In> &query, const TensorView<const In> &key,
+                           const TensorView<const In> &value, const TensorView<Out> &output,
+                           const ForwardOptions &options) const;
+    template <typename In, typename Out>
+    void decode_converted(const TensorView<const In> &tokens, KvCache &cache,
+                          const TensorView<Out> &output, const std::optional<Mask> &key_padding,
+                          const std::vector<int64_t> &new_tokens) const;
     Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
                  const ForwardOptions &options) const;
     void check_kernel_buffers(const Tensor &query, const Tensor &key, const ForwardOptions &options,
@@ -228,6 +307,7 @@ private:
     int64_t embed_dim_;
     int64_t num_heads_;
     Device device_;
+    DType dtype_;
     // Immutable once built, so copies of a module share it (and its device copy).
     std::shared_ptr<const detail::PackedWeights> packed_;
 };

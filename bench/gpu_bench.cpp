@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,9 @@ private:
     Halide::Runtime::Buffer<float> buffer_;
 };
 
-void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
+// One shape: median milliseconds of forward() on device-resident tensors, with the attention
+// weights [B, H, Sq, Sk] written to the device too when `with_weights`.
+void run_shape(mha::Device device, const Dims &d, bool with_weights, double max_check_gflop) {
     const bool self = d.query_len == d.key_len;
     mha::reference::Problem p = mha::reference::random_problem(d, 7, self);
     const int64_t E = d.embed_dim;
@@ -67,8 +70,15 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
     const mha::Tensor query = as_input(q.view());
     const mha::Tensor key = self ? query : as_input(k.view());
     const mha::Tensor value = self ? query : as_input(v.view());
+    std::vector<float> weights(with_weights ? d.batch * d.num_heads * d.query_len * d.key_len : 0);
+    std::optional<DeviceTensor> w;
+    if (with_weights) {
+        w.emplace(device, weights,
+                  std::vector<int64_t>{d.batch, d.num_heads, d.query_len, d.key_len});
+    }
     const auto forward = [&] {
-        module.forward(query, key, value, out.view());
+        module.forward(query, key, value, out.view(), std::nullopt,
+                       w ? std::optional<mha::MutableTensor>(w->view()) : std::nullopt);
     };
     forward();  // first call: module load, kernel compilation
     out.sync();
@@ -88,8 +98,10 @@ void run_shape(mha::Device device, const Dims &d, double max_check_gflop) {
         out.read_back();
         error = mha::reference::relative_l2(output, mha::reference::forward(p).output);
     }
-    fmt::print("{{\"dims\": [{}, {}, {}, {}, {}], \"ms\": {:.4f}, \"rel_l2\": {:.3e}}}\n", d.batch,
-               d.query_len, d.key_len, d.embed_dim, d.num_heads, ms[ms.size() / 2], error);
+    fmt::print(
+        "{{\"dims\": [{}, {}, {}, {}, {}], \"weights\": {}, \"ms\": {:.4f}, \"rel_l2\": {:.3e}}}\n",
+        d.batch, d.query_len, d.key_len, d.embed_dim, d.num_heads, with_weights, ms[ms.size() / 2],
+        error);
     std::fflush(stdout);
 }
 
@@ -103,6 +115,7 @@ int main(int argc, char **argv) {
     std::string device_name = "cuda";
     double max_check_gflop = 20;
     std::vector<std::string> shape_texts;
+    bool with_weights = false;
     app.add_option("--device", device_name, "cuda | opencl")
         ->check(CLI::IsMember({"cuda", "opencl"}))
         ->type_name("DEVICE")
@@ -116,6 +129,8 @@ int main(int argc, char **argv) {
                    "shapes to run (default: the benchmark sweep and the GPU's larger shapes)")
         ->check(mha::tools::problem_shape())
         ->type_name("B,Sq,Sk,E,H...");
+    app.add_flag("--weights", with_weights,
+                 "also return the attention weights [B, H, Sq, Sk] (device memory)");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         return *code;
     }
@@ -131,7 +146,7 @@ int main(int argc, char **argv) {
     }
     try {
         for (const Dims &d : shapes) {
-            run_shape(device, d, max_check_gflop);
+            run_shape(device, d, with_weights, max_check_gflop);
         }
     } catch (const std::exception &e) {
         fmt::print(stderr, "mha_gpu_bench: {}\n", e.what());

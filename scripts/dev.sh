@@ -13,6 +13,8 @@
 #                                      the Python package; writes a table and a plot (PNG)
 #   scripts/dev.sh stmt KERNEL         write Halide's HTML statement view and assembly of one
 #                                      kernel (names: build/cli/mha --list-kernels)
+#   scripts/dev.sh gpu-bundle         build build/gpu-bundle: the GPU test and benchmark programs
+#                                      and scripts that bench/gpu_check.sh runs on a GPU machine
 #   scripts/dev.sh fuzz [libFuzzer options]
 #                                      build the libFuzzer harness (tests/fuzz) and run it from
 #                                      the committed seed corpus, e.g. -runs=1000000
@@ -130,6 +132,13 @@ case "$command" in
         configure_and_build
         "$venv/bin/cmake" --build "$build" --target "$1.stmt"
         ;;
+    gpu-bundle)  # what the GPU machine runs: build/gpu-bundle, then gpu_check.sh there
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build -DMHA_BUILD_BENCHMARKS=ON -DMHA_GPU_KERNELS=ON
+        du -sh "$build/gpu-bundle"
+        ls -l "$build/gpu-bundle"
+        ;;
     fuzz)  # scripts/dev.sh fuzz -runs=1000000 (or -max_total_time=600)
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
@@ -140,7 +149,7 @@ case "$command" in
             "$fuzz/corpus" "$root/tests/fuzz/corpus"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options]" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options] | gpu-bundle" >&2
         exit 2
         ;;
 esac

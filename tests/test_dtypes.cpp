@@ -248,13 +248,22 @@ TEST(Dtypes16, Errors) {
         [&] {
             bf16_module.forward(on_device, y, y, mha::MutableTensor{out.data(), {1, 2, 8}});
         },
-        "query has a device_handle but 16-bit tensors are converted on the host");
+        "query has a device_handle but the module runs on the cpu");
     expect_error(
         [&] {
             bf16_module.forward(y, y, mha::BF16Tensor{b.data(), {1, 2}},
                                 mha::MutableTensor{out.data(), {1, 2, 8}});
         },
-        "value has shape [1, 2] but must have 3 dimensions [batch, sequence, features]");
+        "value has shape [1, 2] but must have 3 dimensions [batch, sequence, embed_dim]");
+    // Mismatched shapes are found before a tensor is read (found by tests/fuzz): this query
+    // points at memory that faults.
+    const auto *unreadable = reinterpret_cast<const mha::bfloat16 *>(uintptr_t(64));
+    expect_error(
+        [&] {
+            bf16_module.forward(mha::BF16Tensor{unreadable, {3, 2, 8}}, y, y,
+                                mha::MutableTensor{out.data(), {1, 2, 8}});
+        },
+        "key has batch 1 but query has batch 3");
     std::vector<mha::bfloat16> w(64);
     const mha::BF16Linear bad{{w.data(), {8}}, std::nullopt};
     const mha::BF16Linear good{{w.data(), {8, 8}}, std::nullopt};

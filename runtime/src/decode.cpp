@@ -127,6 +127,11 @@ void MultiHeadAttention::decode_converted(const TensorView<const In> &tokens, Kv
                                           const std::optional<Mask> &key_padding,
                                           const std::vector<int64_t> &new_tokens) const {
     detail::check_activations<In>(dtype_);
+    // The shapes are checked before the tokens are read or converted memory is taken.
+    detail::check_view("tokens", tokens, 3, "[batch, new tokens, embed_dim]");
+    detail::check_tensor("tokens", tokens, std::array{cache.batch(), tokens.shape[1], embed_dim_});
+    detail::check_tensor("output", output,
+                         std::array{tokens.shape[0], tokens.shape[1], embed_dim_});
     const detail::ConvertedInput<In> in("tokens", tokens, dtype_);
     const detail::ConvertedOutput<Out> out("output", output);
     decode_f32(in.view(), cache, out.view(), key_padding, new_tokens);

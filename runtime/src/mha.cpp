@@ -377,6 +377,13 @@ void MultiHeadAttention::forward_converted(const TensorView<const In> &query,
                                            const TensorView<Out> &output,
                                            const ForwardOptions &options) const {
     detail::check_activations<In>(dtype_);
+    // Every argument is checked before a tensor is read or converted memory is taken: prepare()
+    // reads no tensor (and its limits are the converted f32 tensors' ones).
+    const auto unread = [](const TensorView<const In> &t) {
+        return Tensor{reinterpret_cast<const float *>(t.data), t.shape, t.device_handle};
+    };
+    prepare(unread(query), unread(key), unread(value), options);
+    check_tensor("output", output, std::array{query.shape[0], query.shape[1], embed_dim_});
     const detail::ConvertedInput<In> q("query", query, dtype_);
     const detail::ConvertedInput<In> k("key", key, dtype_, &q);
     const detail::ConvertedInput<In> v("value", value, dtype_, value.data == query.data ? &q : &k);

@@ -1,9 +1,10 @@
 // libFuzzer harness over the public API (tests/fuzz/README.md). Each input describes a module
 // and what is done with it: forward() in every variant (masks of each family, shape, element
 // type and convention; causal orders; weights per head or averaged; fused or separate QKV;
-// grouped-query heads; kdim and vdim), the seed's call, kernel_name(), from_in_proj(), and
-// decode steps over a KV cache with truncation and reset. Most inputs also corrupt one thing:
-// an extent, a rank, a data pointer, a device handle, an enum, a size or a decode count.
+// grouped-query heads; kdim and vdim; modules and tensors in f32, bf16 or f16), the seed's call,
+// kernel_name(), from_in_proj(), and decode steps over a KV cache with truncation and reset. Most
+// inputs also corrupt one thing: an extent, a rank, a data pointer, a device handle, an enum, a
+// size or a decode count.
 //
 // The oracle: a corrupted call raises mha::Error; a clean call returns finite outputs equal to
 // the double-precision reference (reference/), and a decode step that does not fit raises
@@ -437,19 +438,41 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
     p.average_weights = weights_kind == 2 && entry != Entry::seed_forward;
     const bool with_weights = weights_kind > 0;
 
+    // The module's dtype, and its inputs in that type (forward() only).
+    if (entry == Entry::forward) {
+        p.dtype = static_cast<mha::DType>(in.ConsumeIntegralInRange<int>(0, 2));
+    }
+    const size_t input_bytes = p.dtype == mha::DType::f32 ? sizeof(float) : sizeof(uint16_t);
+    const auto as_dtype = [&](const std::vector<float> &x) {
+        std::vector<uint16_t> bits(x.size());
+        for (size_t n = 0; n < x.size(); n++) {
+            bits[n] = p.dtype == mha::DType::bf16 ? mha::to_bfloat16(x[n]).bits
+                                                  : mha::to_float16(x[n]).bits;
+        }
+        return bits;
+    };
+    const std::vector<uint16_t> query16 = as_dtype(p.query), key16 = as_dtype(p.key);
+    const std::vector<uint16_t> value16 = as_dtype(p.value);
+    const auto init = [&](const std::vector<float> &x, const std::vector<uint16_t> &x16) {
+        return p.dtype == mha::DType::f32 ? static_cast<const void *>(x.data()) : x16.data();
+    };
+
     // The call's arguments.
-    Arg query{
-        "query", Role::input, sizeof(float), {d.batch, d.query_len, d.embed_dim}, p.query.data()};
+    Arg query{"query",
+              Role::input,
+              input_bytes,
+              {d.batch, d.query_len, d.embed_dim},
+              init(p.query, query16)};
     Arg key{"key",
             Role::input,
-            sizeof(float),
+            input_bytes,
             {d.batch, d.key_len, p.in_features[1]},
-            (self_attention ? p.query : p.key).data()};
+            self_attention ? init(p.query, query16) : init(p.key, key16)};
     Arg value{"value",
               Role::input,
-              sizeof(float),
+              input_bytes,
               {d.batch, d.key_len, p.in_features[2]},
-              (self_attention ? p.query : p.value).data()};
+              self_attention ? init(p.query, query16) : init(p.value, value16)};
     Arg output{"output", Role::output, sizeof(float), {d.batch, d.query_len, d.embed_dim}};
     Arg weights{"weights", Role::output, sizeof(float),
                 p.average_weights
@@ -524,8 +547,9 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
     mha::Device device = mha::Device::cpu;
     std::optional<mha::MaskConvention> convention = p.mask_convention;
     mha::Causal causal = p.causal;
+    mha::DType module_dtype = p.dtype;
     const Corruption kind = pick<Corruption>(in);
-    const int scalar = in.ConsumeIntegralInRange<int>(0, 5);
+    const int scalar = in.ConsumeIntegralInRange<int>(0, 6);
     if (kind == Corruption::none && scalar > 0) {
         switch (scalar) {
         case 1:
@@ -553,14 +577,20 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
                 causal = static_cast<mha::Causal>(in.ConsumeIntegralInRange<int>(3, 255));
             }
             break;
+        case 6:  // no dtype, or 16-bit tensors of the other 16-bit type
+            module_dtype = p.dtype == mha::DType::f32 || in.ConsumeBool()
+                               ? static_cast<mha::DType>(in.ConsumeIntegralInRange<int>(3, 255))
+                           : p.dtype == mha::DType::bf16 ? mha::DType::f16
+                                                         : mha::DType::bf16;
+            break;
         }
-        corruption_applied = "scalar " + std::to_string(scalar) + ": E " +
-                             std::to_string(embed_dim) + " H " + std::to_string(num_heads) +
-                             " device " + std::to_string(int(device)) + " causal " +
-                             std::to_string(int(causal));
+        corruption_applied =
+            "scalar " + std::to_string(scalar) + ": E " + std::to_string(embed_dim) + " H " +
+            std::to_string(num_heads) + " device " + std::to_string(int(device)) + " causal " +
+            std::to_string(int(causal)) + " dtype " + std::to_string(int(module_dtype));
         corrupted = embed_dim != d.embed_dim || num_heads != d.num_heads ||
                     device != mha::Device::cpu || convention != p.mask_convention ||
-                    causal != p.causal;
+                    causal != p.causal || module_dtype != p.dtype;
     } else if (kind != Corruption::none) {
         corrupted = corrupt(in, args, kind);
     }
@@ -575,8 +605,8 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
     if (self_attention && !query.corrupted) {
         key.data = value.data = query.data;  // one tensor: the fused QKV kernels
     } else if (self_attention) {
-        key.data = memory.allocate(p.query.size() * sizeof(float), p.query.data(),
-                                   p.query.size() * sizeof(float), false);
+        const size_t bytes = p.query.size() * input_bytes;
+        key.data = memory.allocate(bytes, init(p.query, query16), bytes, false);
         value.data = key.data;
     }
 
@@ -608,14 +638,20 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
             }
             module = mha::MultiHeadAttention::from_in_proj(embed_dim, num_heads,
                                                            in_weight.view<const float>(), bias,
-                                                           linear_view(m, 3), device);
+                                                           linear_view(m, 3), device, module_dtype);
         } else {
             module.emplace(embed_dim, num_heads, linear_view(m, 0), linear_view(m, 1),
-                           linear_view(m, 2), linear_view(m, 3), device);
+                           linear_view(m, 2), linear_view(m, 3), device, module_dtype);
         }
         const mha::Tensor q = query.view<const float>(), k = key.view<const float>();
         const mha::Tensor v = value.view<const float>();
-        if (entry == Entry::kernel_name) {
+        if (p.dtype == mha::DType::bf16) {
+            module->forward(query.view<const mha::bfloat16>(), key.view<const mha::bfloat16>(),
+                            value.view<const mha::bfloat16>(), output.view<float>(), options);
+        } else if (p.dtype == mha::DType::f16) {
+            module->forward(query.view<const mha::float16>(), key.view<const mha::float16>(),
+                            value.view<const mha::float16>(), output.view<float>(), options);
+        } else if (entry == Entry::kernel_name) {
             const std::string name = module->kernel_name(q, k, v, options);
             if (name.rfind("mha_forward_cpu_", 0) != 0) {
                 finding("kernel_name() is " + name);

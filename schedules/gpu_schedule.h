@@ -27,12 +27,9 @@ struct ScheduleParams {
     int attention_rows = 16;  // query rows per block
     // Keys per shared-memory tile: as many as the block has threads in x (kMaxTile /
     // head_cols_per_thread), so that every stage of the attention block uses the whole block.
-    // A key tile of another width than those threads miscompiles on PoCL 3.1 (LLVM 15): with 32,
-    // every output is wrong once a tile holds more than 16 keys; with 32 and 2 head columns per
-    // thread (32 threads), once one holds fewer than 16. It is deterministic, the same under
-    // every PoCL work-group method, unchanged with every barrier fenced, and right when PoCL
-    // compiles the kernel without optimization (-cl-opt-disable); Halide's OpenCL C reads and
-    // writes the shared tiles consistently. GpuVariants and KeyCountsAcrossTileEdges cover it.
+    // A key tile of another width than those threads miscompiles on PoCL 3.1 (LLVM 15): when a
+    // stage between two barriers runs on only some work-items, weights·V reads the K tile where
+    // V was staged (bench/RESULTS.md, the GPU check).
     int key_step = 16;
     int head_cols_per_thread = 4;
 };

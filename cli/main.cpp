@@ -167,14 +167,14 @@ int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
                mha::dispatched_isa());
-    fmt::print("{:<66} {:<7} {:<7} {:<20} {:<8} {:<6} {:<8} {:<5} arguments\n", "name", "device",
-               "isa", "buckets", "mask", "causal", "qkv", "wts");
+    fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} arguments\n", "name",
+               "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts");
     for (const mha::KernelInfo &k : kernels) {
-        fmt::print("{:<66} {:<7} {:<7} {:<20} {:<8} {:<6} {:<8} {:<5} {}\n", k.name,
+        fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {}\n", k.name,
                    mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
-                   fmt::join(k.buckets, ","), k.mask, k.causal ? "yes" : "no",
-                   k.fused_qkv ? "fused" : "separate", k.returns_weights ? "yes" : "no",
-                   fmt::join(k.arguments, ", "));
+                   mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","), k.mask,
+                   k.causal ? "yes" : "no", k.fused_qkv ? "fused" : "separate",
+                   k.returns_weights ? "yes" : "no", fmt::join(k.arguments, ", "));
     }
     return 0;
 }

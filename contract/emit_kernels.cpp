@@ -63,7 +63,8 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
         return name;
     }
     return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
-           (v.returns_weights ? "_weights" : "");
+           (v.returns_weights ? "_weights" : "") +
+           (v.dtype == mha::DType::f32 ? "" : "_" + std::string(dtype_name(v.dtype)));
 }
 
 // The generator of each op (generators/mha_generators.cpp).
@@ -77,7 +78,8 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +
-                  " fused_qkv=" + bool_name(v.fused_qkv) + " causal=" + bool_name(v.causal);
+                  " fused_qkv=" + bool_name(v.fused_qkv) + " causal=" + bool_name(v.causal) +
+                  " dtype=" + std::string(dtype_name(v.dtype));
     }
     if (!schedule.empty()) {
         params += " \"schedule=" + schedule + "\"";
@@ -134,7 +136,7 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
         const auto groups = cpu_groups(isa, tuned_dir, schedule_hash, warnings);
         for (const auto &[buckets, params] : groups) {
             for (const KernelVariant &v : kKernelVariants) {
-                if (v.op == KernelOp::forward) {
+                if (v.op == KernelOp::forward && v.compiled_for(isa)) {
                     rows.push_back({kernel_name("cpu_" + std::string(isa.name), buckets, v),
                                     mha::Device::cpu, int(i), buckets, v,
                                     with_kernel_features(isa.halide_target), params.to_string()});
@@ -144,7 +146,7 @@ std::vector<KernelRow> kernel_rows(const std::string &tuned_dir, const std::stri
         // The decode steps' and the averaging kernels serve every size, with the parameters of the
         // smallest bucket (a step's new tokens are few).
         for (const KernelVariant &v : kKernelVariants) {
-            if (v.op != KernelOp::forward) {
+            if (v.op != KernelOp::forward && v.compiled_for(isa)) {
                 rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),
                                 mha::Device::cpu, int(i), kAllBuckets, v,
                                 with_kernel_features(isa.halide_target),
@@ -192,7 +194,7 @@ std::string variant_initializer(const KernelVariant &v) {
     return "{contract::KernelOp::" + std::string(op_name(v.op)) +
            ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
-           bool_name(v.causal) + "}";
+           bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + "}";
 }
 
 std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {

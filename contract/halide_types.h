@@ -11,6 +11,8 @@ constexpr halide_type_t halide_type(ElementType type) {
     switch (type) {
     case ElementType::f32:
         return halide_type_t(halide_type_float, 32);
+    case ElementType::bf16:
+        return halide_type_t(halide_type_bfloat, 16);
     case ElementType::u8:
         return halide_type_t(halide_type_uint, 8);
     case ElementType::i32:

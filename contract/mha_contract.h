@@ -88,9 +88,18 @@ struct CpuIsa {
     int f32_lanes;                   // f32 lanes of one vector register
     int vector_registers;
     bool tuned;  // schedules/tuned/<name>.json must exist (mha-tune writes it)
+    // What its forward kernels take: f32, or bf16 on a matrix engine (whose other stages run in
+    // f32 as on the f32 instruction set below it). A module runs the best instruction set of
+    // its dtype the CPU supports; one without (a bf16 module elsewhere) converts to f32.
+    DType dtype = DType::f32;
 };
-// Best first; the last is the fallback that any x86-64 CPU of interest runs.
+// Best first; the last f32 one is the fallback that any x86-64 CPU of interest runs.
 inline constexpr std::array kCpuIsas = {
+    // AMX-BF16 (Intel Sapphire Rapids and later): the projections as bf16 tile products.
+    CpuIsa{"amx",
+           "x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-"
+           "avxvnni-f16c-fma-sse41",
+           16, 32, false, DType::bf16},
     CpuIsa{"avx512", "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41", 16, 32, true},
     CpuIsa{"avx2", "x86-64-linux-avx-avx2-f16c-fma-sse41", 8, 16, true},
     CpuIsa{"sse41", "x86-64-linux-sse41", 4, 16, false},
@@ -272,29 +281,37 @@ struct KernelVariant {
     // alignment and FlashAttention's bottom-right are offsets of one kernel); the key tiles past
     // a query tile's last visible key are never computed.
     bool causal = false;
+    // The element type of the activations and weights it reads (forward kernels only).
+    DType dtype = DType::f32;
 
     constexpr bool operator==(const KernelVariant &o) const {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
-               fused_qkv == o.fused_qkv && causal == o.causal;
+               fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype;
     }
-    // Decode steps run on the CPU only.
+    // Decode steps run on the CPU only, bf16 forward kernels on a CPU matrix engine only.
     constexpr bool runs_on(Device device) const {
         const bool decode_step = op == KernelOp::qkv_projection || op == KernelOp::decode;
-        return !decode_step || device == Device::cpu;
+        return (!decode_step && dtype == DType::f32) || device == Device::cpu;
     }
+    // Which CPU instruction sets compile it: forward kernels those of their dtype, the others
+    // the f32 ones.
+    constexpr bool compiled_for(const CpuIsa &isa) const { return isa.dtype == dtype; }
 };
 
-// Forward: every mask kind x weights or not x separate or fused QKV x causal or not. A decode
-// step (causal within its new tokens by definition): one fused QKV projection, and an attention
-// with a byte key-padding mask over the cache or none. The weights averaged over heads.
-inline constexpr std::array<KernelVariant, 28> kKernelVariants = [] {
-    std::array<KernelVariant, 28> all{};
+// Forward: every mask kind x weights or not x separate or fused QKV x causal or not, in f32 and
+// in bf16 (for the matrix engine). A decode step (causal within its new tokens by definition):
+// one fused QKV projection, and an attention with a byte key-padding mask over the cache or
+// none. The weights averaged over heads.
+inline constexpr std::array<KernelVariant, 52> kKernelVariants = [] {
+    std::array<KernelVariant, 52> all{};
     size_t n = 0;
-    for (MaskKind mask : kMaskKinds) {
-        for (bool weights : {false, true}) {
-            for (bool fused : {false, true}) {
-                for (bool causal : {false, true}) {
-                    all[n++] = {KernelOp::forward, mask, weights, fused, causal};
+    for (DType dtype : {DType::f32, DType::bf16}) {
+        for (MaskKind mask : kMaskKinds) {
+            for (bool weights : {false, true}) {
+                for (bool fused : {false, true}) {
+                    for (bool causal : {false, true}) {
+                        all[n++] = {KernelOp::forward, mask, weights, fused, causal, dtype};
+                    }
                 }
             }
         }
@@ -310,7 +327,7 @@ inline constexpr std::array<KernelVariant, 28> kKernelVariants = [] {
 // --- Kernel arguments ----------------------------------------------------------------------
 
 enum class ArgKind { input_buffer, input_scalar, output_buffer };
-enum class ElementType { f32, u8, i32 };
+enum class ElementType { f32, bf16, u8, i32 };
 
 // Every argument any kernel takes. Halide lists dimensions innermost first, so a PyTorch tensor
 // [B, S, E] is the buffer (e, s, b).
@@ -408,6 +425,25 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
 
 constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
 
+// An argument's element type in a variant: a bf16 kernel reads its activations and projection
+// weights in bf16 (the weights as matrix-engine tiles, kBf16TileWidth), biases and the rest
+// in f32.
+constexpr ElementType arg_type(ArgId id, const KernelVariant &v) {
+    switch (id) {
+    case ArgId::query:
+    case ArgId::key:
+    case ArgId::value:
+    case ArgId::q_weight:
+    case ArgId::k_weight:
+    case ArgId::v_weight:
+    case ArgId::qkv_weight:
+    case ArgId::out_weight:
+        return v.dtype == DType::bf16 ? ElementType::bf16 : arg(id).type;
+    default:
+        return arg(id).type;
+    }
+}
+
 // The arguments of one variant, in call order (after the user_context): inputs, then outputs.
 struct ArgList {
     std::array<ArgId, kArgCount> ids{};
@@ -491,6 +527,15 @@ inline constexpr int kMaxTile = 64;
 inline constexpr int kWeightPanel = 32;
 static_assert(kMaxTile % kWeightPanel == 0, "panels must tile the widest feature tile");
 
+// A bf16 kernel's projection weights, as the matrix engine reads them (x86 AMX): tiles of
+// kBf16TileDepth input features x kBf16TileWidth output features, each contiguous with pairs of
+// input features innermost. Buffer (pair, lane, panel x pairs + p) holds W[panel x 16 + lane]
+// [2 p + pair], pairs = bf16_tile_pairs(in) per panel of 16 output features; input features
+// past `in` and the padded output features are zero.
+inline constexpr int kBf16TileWidth = 16;
+inline constexpr int kBf16TileDepth = 32;
+static_assert(kWeightPanel % kBf16TileWidth == 0, "padded features fill whole tiles");
+
 // The product of `factors`, or none when it leaves int64: sizes computed from a caller's
 // extents never wrap around.
 inline std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors) {
@@ -526,6 +571,12 @@ constexpr Int round_up(Int x, int multiple) {
 template <typename Int>
 constexpr Int padded_features(Int features, Int head_dim) {
     return round_up(features - head_dim + round_up(head_dim, kMaxTile), kMaxTile);
+}
+
+// Pairs of input features per 16-wide panel of bf16 tiles (see kBf16TileDepth).
+template <typename Int>
+constexpr Int bf16_tile_pairs(Int in_features) {
+    return round_up(in_features, kBf16TileDepth) / 2;
 }
 
 // A decode kernel reads the key cache in whole tiles of this many keys: caches hold a multiple

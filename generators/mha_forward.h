@@ -53,6 +53,8 @@ struct ForwardInputs {
     Halide::Expr embed_dim, head_dim, query_len, num_keys, batch;
     Halide::Expr key_features, value_features;  // kdim and vdim: E when fused
     Halide::Expr kv_heads;                      // key/value heads, dividing E / head_dim
+    // The projections in the tiled form (tiled_projection): the weights are bf16 tiles, not Wᵀ.
+    bool tiled_projections = false;
 };
 
 // Every stage of the forward pass, kept so that a schedule can place each one.
@@ -82,10 +84,18 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.num_keys = in.num_keys;
     f.mask_keys_dense = in.mask_keys_dense;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
+    // A projection of `out_features` (padded) outputs in the form the inputs ask for.
+    const auto project = [&](const TokenRows &rows, const Func &weight, const Func &bias,
+                             const Halide::Expr &in_features, const Halide::Expr &out_features,
+                             const std::string &name) {
+        return in.tiled_projections
+                   ? tiled_projection(v, rows, weight, bias, in_features, out_features, name)
+                   : linear_projection(v, rows, weight, bias, in_features, name);
+    };
     const TokenRows query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
-        Projection qkv = linear_projection(v, query_rows, in.qkv_weight_t, in.qkv_bias,
-                                           in.embed_dim, "qkv_proj");
+        Projection qkv = project(query_rows, in.qkv_weight_t, in.qkv_bias, in.embed_dim,
+                                 in.padded + 2 * in.padded_kv, "qkv_proj");
         f.q_proj = token_view(v, qkv.result, Sq, 0, "q_proj");
         f.k_proj = token_view(v, qkv.result, Sq,
                               contract::qkv_block_offset(1, in.padded, in.padded_kv), "k_proj");
@@ -94,11 +104,11 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
         f.input_projections = {qkv};
     } else {
         f.input_projections = {
-            linear_projection(v, query_rows, in.q_weight_t, in.q_bias, in.embed_dim, "q_proj"),
-            linear_projection(v, token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t, in.k_bias,
-                              in.key_features, "k_proj"),
-            linear_projection(v, token_rows(v, in.value, Sk, B, "value_rows"), in.v_weight_t,
-                              in.v_bias, in.value_features, "v_proj")};
+            project(query_rows, in.q_weight_t, in.q_bias, in.embed_dim, in.padded, "q_proj"),
+            project(token_rows(v, in.key, Sk, B, "key_rows"), in.k_weight_t, in.k_bias,
+                    in.key_features, in.padded_kv, "k_proj"),
+            project(token_rows(v, in.value, Sk, B, "value_rows"), in.v_weight_t, in.v_bias,
+                    in.value_features, in.padded_kv, "v_proj")};
         f.q_proj = token_view(v, f.input_projections[0].result, Sq, 0, "q_view");
         f.k_proj = token_view(v, f.input_projections[1].result, Sk, 0, "k_view");
         f.v_proj = token_view(v, f.input_projections[2].result, Sk, 0, "v_view");
@@ -141,8 +151,8 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.weights_for_values = weights;
     f.context = attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
-    f.out_proj = linear_projection(v, token_rows(v, f.merged, Sq, B, "merged_rows"),
-                                   in.out_weight_t, in.out_bias, in.embed_dim, "out_proj");
+    f.out_proj = project(token_rows(v, f.merged, Sq, B, "merged_rows"), in.out_weight_t,
+                         in.out_bias, in.embed_dim, in.padded, "out_proj");
     f.output = token_view(v, f.out_proj.result, Sq, 0, "output_view");
     return f;
 }

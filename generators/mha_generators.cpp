@@ -27,7 +27,7 @@ public:
         for (ArgId id : mha::contract::kernel_arguments(variant)) {
             const mha::contract::ArgSpec &a = mha::contract::arg(id);
             const std::string name(a.name);
-            const Type type = mha::halide_type_of(a.type);
+            const Type type = mha::halide_type_of(mha::contract::arg_type(id, variant));
             switch (a.kind) {
             case ArgKind::input_buffer:
                 buffers_[id] = gen.add_input<Buffer<>>(name, type, a.rank);
@@ -81,6 +81,15 @@ std::map<std::string, mha::contract::MaskKind> mask_kinds_by_name() {
     return names;
 }
 
+// The contract's dtypes by name, for the forward generator's `dtype` param.
+std::map<std::string, mha::DType> dtypes_by_name() {
+    std::map<std::string, mha::DType> names;
+    for (mha::DType dtype : mha::contract::kDTypes) {
+        names.emplace(mha::contract::dtype_name(dtype), dtype);
+    }
+    return names;
+}
+
 class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
     GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
@@ -89,6 +98,9 @@ public:
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
     GeneratorParam<bool> causal{"causal", false};
+    // bf16: activations and projection weights in bf16, the projections on the matrix engine
+    // (targets of the contract's bf16 instruction set only).
+    GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     // CPU schedule parameters, "name:value,..." (schedules/cpu_params.h); the hand-written
     // defaults of the target's instruction set where empty.
     GeneratorParam<std::string> schedule_params{"schedule", ""};
@@ -100,7 +112,8 @@ public:
     GeneratorParam<int> est_heads{"est_heads", 8};
 
     mha::contract::KernelVariant variant() const {
-        return {mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv, causal};
+        return {
+            mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv, causal, dtype};
     }
     void configure() { args_.declare(*this, variant()); }
 
@@ -116,11 +129,30 @@ public:
         in.kv_heads = args_.scalar(ArgId::kv_heads);
         in.padded = mha::contract::padded_features(in.embed_dim, in.head_dim);
         in.padded_kv = mha::contract::padded_features(in.kv_heads * in.head_dim, in.head_dim);
+        // A projection's weights: Wᵀ panels in f32, bf16 tiles for the matrix engine.
+        in.tiled_projections = dtype == mha::DType::bf16;
+        if (in.tiled_projections && mha::cpu_isa_of(get_target()).dtype != mha::DType::bf16) {
+            throw CompileError(
+                "bf16 forward kernels are for the contract's bf16 instruction set, "
+                "not " +
+                get_target().to_string());
+        }
+        const auto weights = [&](ArgId id, const std::string &name) -> Func {
+            GeneratorInput<Buffer<>> &w = input(id);
+            if (!in.tiled_projections) {
+                return mha::panel_view(w, name);
+            }
+            // Each tile contiguous, pairs innermost: the layout the tile loads need.
+            w.dim(0).set_bounds(0, 2).set_stride(1);
+            w.dim(1).set_bounds(0, mha::contract::kBf16TileWidth).set_stride(2);
+            w.dim(2).set_min(0).set_stride(2 * mha::contract::kBf16TileWidth);
+            return w;
+        };
         if (fused) {
             in.num_keys = in.query_len;
             in.key_features = in.value_features = in.embed_dim;
             in.key = in.value = in.query;
-            in.qkv_weight_t = mha::panel_view(input(ArgId::qkv_weight), "qkv_weight_t");
+            in.qkv_weight_t = weights(ArgId::qkv_weight, "qkv_weight_t");
             in.qkv_bias = input(ArgId::qkv_bias);
         } else {
             in.num_keys = input(ArgId::key).dim(1).extent();
@@ -128,14 +160,14 @@ public:
             in.value_features = input(ArgId::value).dim(0).extent();
             in.key = input(ArgId::key);
             in.value = input(ArgId::value);
-            in.q_weight_t = mha::panel_view(input(ArgId::q_weight), "q_weight_t");
-            in.k_weight_t = mha::panel_view(input(ArgId::k_weight), "k_weight_t");
-            in.v_weight_t = mha::panel_view(input(ArgId::v_weight), "v_weight_t");
+            in.q_weight_t = weights(ArgId::q_weight, "q_weight_t");
+            in.k_weight_t = weights(ArgId::k_weight, "k_weight_t");
+            in.v_weight_t = weights(ArgId::v_weight, "v_weight_t");
             in.q_bias = input(ArgId::q_bias);
             in.k_bias = input(ArgId::k_bias);
             in.v_bias = input(ArgId::v_bias);
         }
-        in.out_weight_t = mha::panel_view(input(ArgId::out_weight), "out_weight_t");
+        in.out_weight_t = weights(ArgId::out_weight, "out_weight_t");
         in.out_bias = input(ArgId::out_bias);
         if (mask_kind != mha::contract::MaskKind::none) {
             const bool bytes = mask_kind == mha::contract::MaskKind::bytes;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include "Halide.h"
+#include "mha_contract.h"
 
 namespace mha {
 
@@ -61,14 +62,53 @@ struct Projection {
     Halide::RDom k;
     Halide::Func rows, weight_t;  // what it reads, for schedules that stage them
     Halide::Expr row_count;       // the real rows (see TokenRows)
+    // The tiled form only (tiled_projection): the rows staged in bf16 strips, the f32 tiles
+    // accumulated over the input features, and the output features computed.
+    Halide::Func strips, tiles;
+    Halide::Expr out_features;
 };
 inline Projection linear_projection(const StageVars &v, const TokenRows &rows,
                                     const Halide::Func &weight_t, const Halide::Func &bias,
                                     const Halide::Expr &in_features, const std::string &name) {
-    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k"), rows.func, weight_t,
-                 rows.count};
+    Projection p{Halide::Func(name), Halide::RDom(0, in_features, name + "_k"),
+                 rows.func,          weight_t,
+                 rows.count,         Halide::Func(),
+                 Halide::Func(),     Halide::Expr()};
     p.result(v.e, v.r) = bias(v.e);
     p.result(v.e, v.r) += rows.func(p.k, v.r) * weight_t(v.e, p.k);
+    return p;
+}
+
+// The same projection in the form a matrix engine computes it (x86 AMX, whose lowering in Halide
+// matches exactly this form): the `out_features` outputs in 16 x 16 tiles (kBf16TileWidth), each
+// accumulated in f32 over slices of 32 input features (kBf16TileDepth); the rows staged as bf16
+// in strips of 16 rows, features past `in_features` read as zero; the weights given as bf16
+// tiles, weight_tiles(pair, lane, panel x pairs + p) (contract::kBf16TileDepth).
+inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
+                                   const Halide::Func &weight_tiles, const Halide::Func &bias,
+                                   const Halide::Expr &in_features,
+                                   const Halide::Expr &out_features, const std::string &name) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
+    const Expr slices = (in_features + depth - 1) / depth;
+    Projection p{Func(name),
+                 RDom({{0, depth}, {0, slices}}, name + "_k"),
+                 rows.func,
+                 weight_tiles,
+                 rows.count,
+                 Func(name + "_strips"),
+                 Func(name + "_tiles"),
+                 out_features};
+    Var kk("kk"), ri("ri"), kt("kt"), rt("rt"), ei("ei"), ep("ep");
+    const Expr k = kt * depth + kk;
+    p.strips(kk, ri, kt, rt) = select(
+        k < in_features, cast(BFloat(16), rows.func(min(k, in_features - 1), rt * width + ri)),
+        cast(BFloat(16), 0.0f));
+    p.tiles(ei, ri, ep, rt) = 0.0f;
+    p.tiles(ei, ri, ep, rt) +=
+        cast<float>(p.strips(p.k.x, ri, p.k.y, rt)) *
+        cast<float>(weight_tiles(p.k.x % 2, ei, ((ep * slices + p.k.y) * depth + p.k.x) / 2));
+    p.result(v.e, v.r) = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
     return p;
 }
 

@@ -85,6 +85,48 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     return tiles;
 }
 
+// A projection in the tiled form (tiled_projection) on the matrix engine (x86 AMX): a task per
+// strip of 16 token rows, staged once in bf16; each 16 x 16 output tile accumulated in a tile
+// register over every input feature and copied out through a 16 x 16 stack buffer. Every
+// extent the tile loads and stores see is a constant, as the AMX lowering needs: the outputs are
+// computed over whole tiles from 0 (the rows rounded up; the features are padded already).
+inline void schedule_tiled_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth;
+    Var ro("ro"), ri("ri"), eo("eo"), ei("ei");
+    const std::vector<Var> tile = p.tiles.args();    // (lane, row, panel, strip)
+    const std::vector<Var> strip = p.strips.args();  // (feature, row, slice, strip)
+    p.result.compute_root()
+        .bound(v.e, 0, p.out_features)
+        .bound(v.r, 0, contract::round_up(p.row_count, width))
+        .split(v.r, ro, ri, width)
+        .split(v.e, eo, ei, width)
+        .reorder(ei, ri, eo, ro)
+        .vectorize(ei);
+    fork_over_cores(p.result, ro, sp, LoopWork::streaming);
+    p.strips.compute_at(p.result, ro)
+        .bound_storage(strip[3], 1)
+        .vectorize(strip[0], contract::kBf16TileDepth);
+    Func copy = p.tiles.in();
+    copy.compute_at(p.result, eo)
+        .bound_storage(tile[2], 1)
+        .bound_storage(tile[3], 1)
+        .store_in(MemoryType::Stack)
+        .align_storage(tile[0], 2 * width)
+        .vectorize(tile[0])
+        .vectorize(tile[1]);
+    p.tiles.compute_at(copy, tile[2])
+        .store_in(MemoryType::AMXTile)
+        .vectorize(tile[0])
+        .vectorize(tile[1]);
+    p.tiles.update()
+        .reorder(p.k.x, tile[0], tile[1], p.k.y, tile[2], tile[3])
+        .atomic()
+        .vectorize(p.k.x)
+        .vectorize(tile[0])
+        .vectorize(tile[1]);
+}
+
 // The attention tile computed at `tile_loop` of `owner` (its buffers stored at `task_loop`):
 // Q·Kᵀ for the tile's query rows against every key, in register tiles of qk_vectors x
 // `qk_rows`; the masked softmax's row statistics, rfactored into vector-wide partial results;
@@ -141,13 +183,20 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     const Expr query_tiles = (f.query_len + sp.attention_rows - 1) / sp.attention_rows;
     const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
 
+    const auto schedule_any_projection = [&](Projection &p) {
+        if (p.tiles.defined()) {
+            schedule_tiled_projection(v, p, sp);
+        } else {
+            schedule_projection(v, p, sp);
+        }
+    };
     for (Projection &p : f.input_projections) {
-        schedule_projection(v, p, sp);
+        schedule_any_projection(p);
     }
     // The output projection reads the merged heads as plain token rows, copied once: read in
     // its reduction through the head split (k / d, k % d), every step of the register tile
     // needs its own index arithmetic and the tile spills.
-    schedule_projection(v, f.out_proj, sp);
+    schedule_any_projection(f.out_proj);
     Var ro_copy("ro_copy"), ri_copy("ri_copy");
     f.out_proj.rows.compute_root()
         .split(v.r, ro_copy, ri_copy, sp.proj_rows, whole)

@@ -2,6 +2,7 @@
 // the same rounded inputs and weights, 16-bit weights and outputs, and their errors. This binary
 // also runs every forward, mask, non-finite and decode suite in one dtype (MHA_TEST_DTYPE=bf16
 // or f16, set by tests/CMakeLists.txt), through reference::set_problem_dtype.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -102,8 +103,9 @@ TEST(DtypeConversions, ArraysMatchScalars) {
 }
 
 // Relative L2 of the library in each dtype against the reference on the same rounded inputs and
-// weights (the bounds: 1e-2 for bf16, 2e-3 for f16; the kernels run in f32, so the
-// measured errors are f32's), and how far rounding the inputs to the dtype moves the result.
+// weights (the bounds: 1e-2 for bf16, 2e-3 for f16; f16 runs f32 kernels, so its
+// errors are f32's, and bf16 on a matrix engine rounds only the merged heads), and how far
+// rounding the inputs to the dtype moves the result.
 struct DtypeCase {
     const char *name;
     Dims dims;
@@ -182,6 +184,39 @@ void expect_16_bit_weights_and_output(DType dtype) {
     mha::detail::convert(want.data(), rounded.data(), int64_t(want.size()));
     for (size_t n = 0; n < want.size(); n++) {
         ASSERT_EQ(output[n].bits, rounded[n].bits) << n;
+    }
+}
+
+// Whether the CPU has AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), asked without
+// Halide.
+bool cpu_has_amx_bf16() {
+    unsigned eax, ebx, ecx, edx;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
+        return false;
+    }
+    return (edx >> 22 & 1) && (edx >> 24 & 1);
+}
+
+// A bf16 module runs the matrix engine's kernels where the CPU has one and MHA_CPU_ISA does not
+// cap it away; an f16 module never does (it converts to f32).
+TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
+    const bool amx = cpu_has_amx_bf16() && std::getenv("MHA_CPU_ISA") == nullptr;
+    for (const DType dtype : {DType::bf16, DType::f16}) {
+        Problem p =
+            mha::reference::random_problem({2, 7, 7, 48, 3}, mha::testing::next_seed(), true);
+        p.dtype = dtype;
+        const auto module = mha::reference::make_module(p);
+        const std::string kernel =
+            module.kernel_name(mha::reference::query_view(p), mha::reference::key_view(p),
+                               mha::reference::value_view(p));
+        const bool on_amx = kernel.find("_cpu_amx_") != std::string::npos;
+        EXPECT_EQ(on_amx, amx && dtype == DType::bf16) << kernel;
+        EXPECT_EQ(kernel.find("_bf16") != std::string::npos, on_amx) << kernel;
+        const auto got = mha::reference::run_module(module, p, true);
+        const auto want = mha::reference::forward(p);
+        EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
+                  mha::reference::output_tolerance(p));
+        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), 1e-5);
     }
 }
 

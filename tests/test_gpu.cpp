@@ -137,7 +137,7 @@ std::vector<DeviceVariant> device_variants() {
     std::vector<DeviceVariant> all;
     for (Device device : {Device::opencl, Device::cuda}) {
         for (const mha::contract::KernelVariant &v : mha::contract::kKernelVariants) {
-            if (v.op == mha::contract::KernelOp::forward) {
+            if (v.op == mha::contract::KernelOp::forward && v.runs_on(device)) {
                 all.push_back({device, v, false});
                 if (v.returns_weights) {
                     all.push_back({device, v, true});  // with the averaging kernel

@@ -49,7 +49,7 @@ TEST(IsaCap, UnknownNameIsAnError) {
         GTEST_SKIP() << "this test runs with MHA_CPU_ISA naming no instruction set";
     }
     const std::string expected =
-        "MHA_CPU_ISA is '" + std::string(cap) + "', which is not one of avx512, avx2, sse41";
+        "MHA_CPU_ISA is '" + std::string(cap) + "', which is not one of amx, avx512, avx2, sse41";
     const auto p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
     try {
         mha::reference::make_module(p);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <tuple>
 
 #include "reference.h"
 #include "test_seed.h"
@@ -26,15 +27,18 @@ void expect_like_reference(const mha::MultiHeadAttention &module, const Problem 
     SCOPED_TRACE(what);
     const auto got = mha::reference::run_module(module, p, true);
     const auto want = mha::reference::forward(p);
-    for (const auto &[values, expected] :
-         {std::pair{&got.output, &want.output}, {&got.weights, &want.weights}}) {
+    // Per element: ten times the relative L2 bound (outputs: the dtype's), relative to 1 + |want|.
+    for (const auto &[values, expected, tolerance] :
+         {std::tuple{&got.output, &want.output, 10 * mha::reference::output_tolerance(p)},
+          std::tuple{&got.weights, &want.weights, 1e-4}}) {
         ASSERT_EQ(values->size(), expected->size());
         for (size_t n = 0; n < values->size(); n++) {
             const bool want_finite = std::isfinite((*expected)[n]);
             ASSERT_EQ(std::isfinite((*values)[n]), want_finite)
                 << "element " << n << ": " << (*values)[n] << ", reference " << (*expected)[n];
             if (want_finite) {
-                ASSERT_NEAR((*values)[n], (*expected)[n], 1e-4 * (1 + std::abs((*expected)[n])))
+                ASSERT_NEAR((*values)[n], (*expected)[n],
+                            tolerance * (1 + std::abs((*expected)[n])))
                     << "element " << n;
             }
         }

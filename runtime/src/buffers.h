@@ -11,6 +11,12 @@
 #include "HalideBuffer.h"
 #include "mha/mha.h"
 
+// bf16 tensors as Halide's bfloat type (mha::bfloat16 holds the same bits).
+template <>
+HALIDE_ALWAYS_INLINE constexpr halide_type_t halide_type_of<mha::bfloat16>() {
+    return halide_type_t(halide_type_bfloat, 16);
+}
+
 namespace mha::detail {
 
 using HostBuffer = Halide::Runtime::Buffer<void>;

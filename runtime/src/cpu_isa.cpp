@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -42,14 +45,46 @@ IsaChoice choose() {
     return {std::max(best, *capped), ""};
 }
 
-}  // namespace
-
-size_t cpu_isa() {
+// The best instruction set the CPU supports and the cap allows, of any dtype.
+size_t best_isa() {
     static const IsaChoice choice = choose();
     if (!choice.isa) {
         throw Error(choice.error);
     }
     return *choice.isa;
+}
+
+// Linux gives a process AMX's tile data state only when asked (ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); a tile instruction without it is an illegal instruction.
+bool amx_permitted() {
+    static const bool permitted = [] {
+        constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+        return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+    }();
+    return permitted;
+}
+
+}  // namespace
+
+size_t cpu_isa() {
+    // The instruction sets below a matrix engine's are supported whenever it is.
+    size_t isa = best_isa();
+    while (contract::kCpuIsas[isa].dtype != DType::f32) {
+        isa++;
+    }
+    return isa;
+}
+
+std::optional<size_t> matrix_isa(DType dtype) {
+    if (dtype == DType::f32) {
+        return std::nullopt;
+    }
+    for (size_t isa = best_isa(); isa < contract::kCpuIsas.size(); isa++) {
+        if (contract::kCpuIsas[isa].dtype == dtype && amx_permitted()) {
+            return isa;
+        }
+    }
+    return std::nullopt;
 }
 
 }  // namespace mha::detail

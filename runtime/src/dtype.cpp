@@ -158,15 +158,15 @@ void round_to(DType dtype, float *x, int64_t n) {
     }
 }
 
-ScratchFloats::ScratchFloats(int64_t count)
-    : data_(static_cast<float *>(scratch_allocate(size_t(count) * sizeof(float)))) {
-    if (data_ == nullptr) {
-        throw Error(fmt::format("Out of memory: {} bytes for a converted tensor",
-                                count * int64_t(sizeof(float))));
+void *scratch_or_throw(size_t bytes) {
+    void *block = scratch_allocate(bytes);
+    if (block == nullptr) {
+        throw Error(fmt::format("Out of memory: {} bytes for a converted tensor", bytes));
     }
+    return block;
 }
 
-ScratchFloats::~ScratchFloats() { scratch_release(data_); }
+void scratch_free(void *block) { scratch_release(block); }
 
 }  // namespace detail
 }  // namespace mha

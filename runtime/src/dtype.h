@@ -37,7 +37,11 @@ void convert(const bfloat16 *in, float *out, int64_t n);
 void convert(const float16 *in, float *out, int64_t n);
 void convert(const float *in, bfloat16 *out, int64_t n);
 void convert(const float *in, float16 *out, int64_t n);
-inline void convert(const float *in, float *out, int64_t n) { std::copy(in, in + n, out); }
+// The same type: a copy.
+template <typename T>
+void convert(const T *in, T *out, int64_t n) {
+    std::copy(in, in + n, out);
+}
 
 // x[i] rounded to `dtype` and widened back: the value a tensor of that type holds.
 void round_to(DType dtype, float *x, int64_t n);
@@ -70,29 +74,37 @@ struct WidenedLinears {
     }
 };
 
-// f32 memory for one call's converted tensor, from the scratch pool; mha::Error when it is out.
-class ScratchFloats {
+// Memory for one call's converted tensor of `count` elements of T, from the scratch pool;
+// mha::Error when it is out.
+void *scratch_or_throw(size_t bytes);
+void scratch_free(void *block);
+template <typename T>
+class Scratch {
 public:
-    explicit ScratchFloats(int64_t count);
-    ~ScratchFloats();
-    ScratchFloats(const ScratchFloats &) = delete;
-    ScratchFloats &operator=(const ScratchFloats &) = delete;
-    float *data() const { return data_; }
+    explicit Scratch(int64_t count)
+        : data_(static_cast<T *>(scratch_or_throw(size_t(count) * sizeof(T)))) {}
+    ~Scratch() { scratch_free(data_); }
+    Scratch(const Scratch &) = delete;
+    Scratch &operator=(const Scratch &) = delete;
+    T *data() const { return data_; }
 
 private:
-    float *data_;
+    T *data_;
 };
+using ScratchFloats = Scratch<float>;
 
 inline constexpr const char *kConvertedOnHost = "16-bit tensors are converted on the host";
 
-// A call's tensor of another element type, converted to f32 (and rounded to the module's dtype)
-// in scratch memory held for the call; `shares` converts nothing when another tensor of the call
-// is the same view (self-attention keeps its fused QKV projection).
-template <typename In>
+// A call's tensor of type In as the kernels read it, of type K (f32; bf16 for the matrix
+// engine), rounded to the module's `dtype`: a view of the caller's memory when that changes
+// nothing, else a copy in scratch memory held for the call. `shares` converts nothing when
+// another tensor of the call is the same view (self-attention keeps its fused QKV projection).
+template <typename In, typename K = float>
 class ConvertedInput {
 public:
     ConvertedInput(const char *name, const TensorView<const In> &t, DType dtype,
-                   const ConvertedInput *shares = nullptr) {
+                   const ConvertedInput *shares = nullptr)
+        : source_(t) {
         check_view(name, t, 3, "[batch, sequence, features]");
         check_on_host(name, t, kConvertedOnHost);
         if (shares != nullptr && shares->source_.data == t.data &&
@@ -100,21 +112,28 @@ public:
             view_ = shares->view_;
             return;
         }
-        source_ = t;
+        if constexpr (std::is_same_v<In, K>) {
+            if (dtype_of<In>() == dtype || !std::is_same_v<K, float>) {
+                view_ = t;  // already what the kernels read
+                return;
+            }
+        }
         const int64_t n = t.shape[0] * t.shape[1] * t.shape[2];  // fits: check_view
         memory_.emplace(n);
         convert(t.data, memory_->data(), n);
-        if (dtype_of<In>() != dtype) {
-            round_to(dtype, memory_->data(), n);
+        if constexpr (std::is_same_v<K, float>) {
+            if (dtype_of<In>() != dtype) {
+                round_to(dtype, memory_->data(), n);
+            }
         }
-        view_ = Tensor{memory_->data(), t.shape};
+        view_ = TensorView<const K>{memory_->data(), t.shape};
     }
-    const Tensor &view() const { return view_; }
+    const TensorView<const K> &view() const { return view_; }
 
 private:
     TensorView<const In> source_;
-    std::optional<ScratchFloats> memory_;
-    Tensor view_;
+    std::optional<Scratch<K>> memory_;
+    TensorView<const K> view_;
 };
 
 // A call's output of another element type: the kernels write f32 here, then finish() converts.

@@ -54,6 +54,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.variant.returns_weights,
                             kernel.variant.fused_qkv,
                             kernel.variant.causal,
+                            kernel.variant.dtype,
                             {}};
             if (kernel.buckets == contract::kAllBuckets) {
                 info.buckets.emplace_back(contract::kAnyBucket);

@@ -67,7 +67,8 @@ constexpr bool takes_contract_arguments(const std::array<HalideFunctionInfo::Arg
         const contract::ArgSpec &want = contract::arg(args[i]);
         const HalideFunctionInfo::ArgumentInfo &got = info[i + 1];
         if (got.name != want.name || got.kind != function_info_kind(want.kind) ||
-            got.dimensions != want.rank || got.type != contract::halide_type(want.type)) {
+            got.dimensions != want.rank ||
+            got.type != contract::halide_type(contract::arg_type(args[i], variant))) {
             return false;
         }
     }

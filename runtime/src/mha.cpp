@@ -123,8 +123,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         }
     }
     const detail::KernelComponent *component = component_for(device);
+    const bool matrix_engine = device == Device::cpu && detail::matrix_isa(dtype).has_value();
     packed_ = std::make_shared<const detail::PackedWeights>(
-        E, num_heads, linears, device == Device::cpu ? nullptr : component);
+        E, num_heads, linears, device == Device::cpu ? nullptr : component, matrix_engine);
 }
 
 namespace {
@@ -267,7 +268,8 @@ void MultiHeadAttention::check_kernel_buffers(const Tensor &query, const Tensor 
 
 MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const Tensor &key,
                                                      const Tensor &value,
-                                                     const ForwardOptions &options) const {
+                                                     const ForwardOptions &options,
+                                                     DType kernel_dtype) const {
     const char *layout = "[batch, sequence, embed_dim]";
     check_view("query", query, 3, layout);
     check_view("key", key, 3, layout);
@@ -309,13 +311,16 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
     variant.mask = call.mask.kind;
     variant.returns_weights = options.weights.has_value();
     variant.causal = options.causal != Causal::none;
+    variant.dtype = kernel_dtype;
     // Self-attention on one tensor takes the fused QKV projection.
     variant.fused_qkv = packed_->stacked() && query.data == key.data && query.data == value.data &&
                         query.device_handle == key.device_handle &&
                         query.device_handle == value.device_handle && query.shape == key.shape &&
                         query.shape == value.shape;
     const detail::KernelComponent &component = *component_for(device_);
-    const int isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
+    const int isa = device_ != Device::cpu       ? -1
+                    : kernel_dtype == DType::f32 ? int(detail::cpu_isa())
+                                                 : int(detail::matrix_isa(kernel_dtype).value());
     call.kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk), variant);
     const bool averaged = options.weights && options.average_weights;
     if (averaged) {
@@ -336,7 +341,9 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
         check_on_host("weights", *options.weights, kOnTheCpu);
     }
     if (averaged) {
-        call.average_kernel = detail::find_kernel(component, isa, B * std::max(Sq, Sk),
+        // The averaging kernel runs in f32, on the f32 instruction set.
+        const int f32_isa = device_ == Device::cpu ? int(detail::cpu_isa()) : -1;
+        call.average_kernel = detail::find_kernel(component, f32_isa, B * std::max(Sq, Sk),
                                                   {contract::KernelOp::average_heads});
     }
     if (call.kernel == nullptr || (averaged && call.average_kernel == nullptr)) {
@@ -349,7 +356,9 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
 std::string MultiHeadAttention::kernel_name(const Tensor &query, const Tensor &key,
                                             const Tensor &value,
                                             const ForwardOptions &options) const {
-    return std::string(prepare(query, key, value, options).kernel->name);
+    // A module with bf16 tiles runs every forward pass on the matrix engine's kernels.
+    const DType kernel_dtype = packed_->has_bf16_tiles() ? DType::bf16 : DType::f32;
+    return std::string(prepare(query, key, value, options, kernel_dtype).kernel->name);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -364,7 +373,7 @@ void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const T
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
                                  const MutableTensor &output, const ForwardOptions &options) const {
     if (dtype_ == DType::f32) {
-        forward_f32(query, key, value, output, options);
+        forward_kernels(query, key, value, output, options);
     } else {
         forward_converted(query, key, value, output, options);
     }
@@ -384,11 +393,25 @@ void MultiHeadAttention::forward_converted(const TensorView<const In> &query,
     };
     prepare(unread(query), unread(key), unread(value), options);
     check_tensor("output", output, std::array{query.shape[0], query.shape[1], embed_dim_});
-    const detail::ConvertedInput<In> q("query", query, dtype_);
-    const detail::ConvertedInput<In> k("key", key, dtype_, &q);
-    const detail::ConvertedInput<In> v("value", value, dtype_, value.data == query.data ? &q : &k);
     const detail::ConvertedOutput<Out> out("output", output);
-    forward_f32(q.view(), k.view(), v.view(), out.view(), options);
+    // The matrix engine's kernels read bf16 (f32 inputs rounded, bf16 ones as they are); the
+    // others f32 (16-bit inputs widened).
+    const auto run = [&](auto kernel_element) {
+        using K = decltype(kernel_element);
+        const detail::ConvertedInput<In, K> q("query", query, dtype_);
+        const detail::ConvertedInput<In, K> k("key", key, dtype_, &q);
+        const detail::ConvertedInput<In, K> v("value", value, dtype_,
+                                              value.data == query.data ? &q : &k);
+        forward_kernels(q.view(), k.view(), v.view(), out.view(), options);
+    };
+    if constexpr (!std::is_same_v<In, float16>) {  // f16 has no matrix-engine kernels
+        if (packed_->has_bf16_tiles()) {
+            run(bfloat16{});
+            out.finish();
+            return;
+        }
+    }
+    run(float{});
     out.finish();
 }
 
@@ -413,11 +436,18 @@ void MultiHeadAttention::forward(const F16Tensor &query, const F16Tensor &key,
     forward_converted(query, key, value, output, options);
 }
 
-void MultiHeadAttention::forward_f32(const Tensor &query, const Tensor &key, const Tensor &value,
-                                     const MutableTensor &output,
-                                     const ForwardOptions &options) const {
+template <typename T>
+void MultiHeadAttention::forward_kernels(const TensorView<const T> &query,
+                                         const TensorView<const T> &key,
+                                         const TensorView<const T> &value,
+                                         const MutableTensor &output,
+                                         const ForwardOptions &options) const {
+    constexpr DType kernel_dtype = detail::dtype_of<T>();
     const std::optional<MutableTensor> &weights = options.weights;
-    const Call call = prepare(query, key, value, options);
+    const auto unread = [](const TensorView<const T> &t) {
+        return Tensor{reinterpret_cast<const float *>(t.data), t.shape, t.device_handle};
+    };
+    const Call call = prepare(unread(query), unread(key), unread(value), options, kernel_dtype);
     const int64_t B = query.shape[0], Sq = query.shape[1], E = embed_dim_;
     check_tensor("output", output, std::array{B, Sq, E});
     const bool averaged = call.average_kernel != nullptr;
@@ -470,9 +500,13 @@ void MultiHeadAttention::forward_f32(const Tensor &query, const Tensor &key, con
     int32_t kv_heads = static_cast<int32_t>(num_kv_heads());
     values[size_t(ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
-        if (packed_->buffers[id]) {
-            // Kernels only read the weights: one prepacked copy serves concurrent calls.
-            values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
+        // Kernels only read the weights: one prepacked copy serves concurrent calls. The matrix
+        // engine's take the projection weights as bf16 tiles.
+        const std::optional<detail::HostBuffer> &w =
+            kernel_dtype == DType::bf16 && packed_->tile_buffers[id] ? packed_->tile_buffers[id]
+                                                                     : packed_->buffers[id];
+        if (w) {
+            values[id] = const_cast<halide_buffer_t *>(w->raw_buffer());
         }
     }
 

@@ -20,10 +20,35 @@ void pack_linear(const Linear &lin, int64_t in_features, float *block, float *bi
     }
 }
 
+// Writes the nn.Linear layers of `blocks`, one after the other along the output features, each
+// padded to its width, as bf16 tiles over `in_features` (contract::kBf16TileDepth): (pair, lane,
+// panel x pairs + p) = W[panel x 16 + lane][2 p + pair].
+std::vector<uint16_t> bf16_tiles(const std::vector<std::pair<const Linear *, int64_t>> &blocks,
+                                 int64_t in_features) {
+    const int64_t width = contract::kBf16TileWidth, pairs = contract::bf16_tile_pairs(in_features);
+    int64_t rows = 0;
+    for (const auto &[lin, padded_width] : blocks) {
+        rows += padded_width;
+    }
+    std::vector<uint16_t> tiles(size_t(2 * width * (rows / width) * pairs), 0);
+    int64_t first = 0;
+    for (const auto &[lin, padded_width] : blocks) {
+        for (int64_t out = 0; out < lin->weight.shape[0]; out++) {
+            const int64_t row = first + out, panel = row / width, lane = row % width;
+            for (int64_t in = 0; in < in_features; in++) {
+                tiles[size_t(((panel * pairs + in / 2) * width + lane) * 2 + in % 2)] =
+                    to_bfloat16(lin->weight.data[out * in_features + in]).bits;
+            }
+        }
+        first += padded_width;
+    }
+    return tiles;
+}
+
 }  // namespace
 
 PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4],
-                             const KernelComponent *gpu)
+                             const KernelComponent *gpu, bool with_bf16_tiles)
     : embed_dim(E) {
     const int64_t d = E / num_heads;
     for (int p = 0; p < 4; p++) {
@@ -71,6 +96,25 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
     }
     panels(ArgId::out_weight, out_panels.data(), P, E);
     row(ArgId::out_bias, out_bias.data(), P);
+
+    if (with_bf16_tiles) {
+        const auto tile_buffer = [&](ArgId id, const std::vector<uint16_t> &t) {
+            const int64_t width = contract::kBf16TileWidth;
+            tile_buffers[size_t(id)] =
+                view_buffer(t.data(), halide_type_of<bfloat16>(),
+                            {int64_t(t.size()) / (2 * width), width, 2}, {2 * width, 2, 1});
+        };
+        if (stacked()) {
+            qkv_tiles = bf16_tiles({{linears[0], P}, {linears[1], Pkv}, {linears[2], Pkv}}, E);
+            tile_buffer(ArgId::qkv_weight, qkv_tiles);
+        }
+        for (int p = 0; p < projections; p++) {
+            projection_tiles[p] = bf16_tiles({{linears[p], widths[p]}}, in_features[p]);
+            tile_buffer(weight_ids[p], projection_tiles[p]);
+        }
+        projection_tiles[3] = bf16_tiles({{linears[3], P}}, E);
+        tile_buffer(ArgId::out_weight, projection_tiles[3]);
+    }
 
     if (gpu != nullptr) {
         for (std::optional<HostBuffer> &b : buffers) {

@@ -283,9 +283,12 @@ private:
     struct Call;
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const detail::WidenedLinears &linears,
                        Device device, DType dtype);
-    // forward() and decode() on f32 tensors, with the module's weights as they are packed.
-    void forward_f32(const Tensor &query, const Tensor &key, const Tensor &value,
-                     const MutableTensor &output, const ForwardOptions &options) const;
+    // forward() on tensors the kernels read as they are: f32, or bf16 for the matrix engine's
+    // kernels; decode() on f32 tensors.
+    template <typename T>
+    void forward_kernels(const TensorView<const T> &query, const TensorView<const T> &key,
+                         const TensorView<const T> &value, const MutableTensor &output,
+                         const ForwardOptions &options) const;
     void decode_f32(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
                     const std::optional<Mask> &key_padding,
                     const std::vector<int64_t> &new_tokens) const;
@@ -299,8 +302,9 @@ private:
     void decode_converted(const TensorView<const In> &tokens, KvCache &cache,
                           const TensorView<Out> &output, const std::optional<Mask> &key_padding,
                           const std::vector<int64_t> &new_tokens) const;
+    // Checks a call (reading no tensor) and finds its kernel, of `kernel_dtype`.
     Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
-                 const ForwardOptions &options) const;
+                 const ForwardOptions &options, DType kernel_dtype = DType::f32) const;
     void check_kernel_buffers(const Tensor &query, const Tensor &key, const ForwardOptions &options,
                               const Call &call) const;
 
@@ -335,6 +339,7 @@ struct KernelInfo {
     bool returns_weights;
     bool fused_qkv;
     bool causal;
+    DType dtype;  // of its activations and projection weights (bf16: the matrix engine's)
     std::vector<std::string> arguments;  // in call order, after the user_context
 };
 

@@ -36,6 +36,8 @@ STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
 DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
 GQA = re.compile(r"^gqa/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
                  r"_kv(?P<kv>\d+)/threads:(?P<t>\d+)")
+DTYPE = re.compile(r"^dtype/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
+                   r"/dtype:(?P<dtype>\w+)/threads:(?P<t>\d+)")
 CAUSAL = re.compile(r"^causal/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
                     r"/mode:(?P<mode>\w+)/threads:(?P<t>\d+)")
 
@@ -86,6 +88,7 @@ def benchmark_groups(bench, bench_filter):
         key = (("forward", forward_dims(forward)) if forward else
                ("decode", decode_shape(decode)) if decode else
                ("causal", forward_dims(causal)) if causal else
+               ("dtype", forward_dims(DTYPE.match(name))) if DTYPE.match(name) else
                ("gqa", name) if GQA.match(name) else ("other",))
         groups.setdefault(key, []).append(name)
     return groups
@@ -123,6 +126,13 @@ def one_round(args, groups, env, label):
                 dims, kv, t = forward_dims(g), int(g["kv"]), int(g["t"])
                 times[("torch gqa", dims, kv, t)] = torch_peer.measure_gqa(dims, kv, t,
                                                                            args.min_time)
+            elif DTYPE.match(name):
+                m = DTYPE.match(name)
+                dims, dtype, t = forward_dims(m), m["dtype"], int(m["t"])
+                for path, ms in torch_peer.measure_dtype(dims, dtype, t, args.min_time).items():
+                    times[(f"torch {path}", dims, dtype, t)] = ms
+                if dtype in ort_peer.ORT_DTYPES:
+                    times[("ort", dims, dtype, t)] = ort_peer.measure(dims, t, args.min_time, dtype)
             elif CAUSAL.match(name) and CAUSAL.match(name)["mode"] == "implicit":
                 dims, t = forward_dims(CAUSAL.match(name)), int(CAUSAL.match(name)["t"])
                 times[("torch causal", dims, t)] = torch_peer.measure_causal(dims, t,
@@ -208,23 +218,24 @@ def main():
          "; what mha.MultiheadAttention adds to its C++ call (one token, E = 384): " +
          ", ".join(f"{y:.4f} ms" for _, _, y in overhead.values()))
     emit("")
-    emit("| shape (B, Sq, Sk, E, H) | weights | threads | ours ms | ours GFLOP/s | % of sgemm "
-         "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | ONNX Runtime ms | × BLAS MHA "
-         "| × best PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
-         "| × faster peer, from Python |")
-    emit("|" + "---|" * 16)
-    for (dims, w, t), r in sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2], kv[0])):
-        ours = r["halide"]
-        gflops = report.flops(*dims) / (ours * 1e6)
-        best_torch = min(r["nn.MultiheadAttention"], r["F.linear+sdpa"])
-        ort_ms = r.get("ort")
-        faster = min(best_torch, ort_ms) if ort_ms else best_torch
-        emit(f"| {', '.join(map(str, dims))} | {'yes' if w else 'no'} | {t} | {ours:.3f} "
-             f"| {gflops:.1f} | {100 * gflops / sgemm[t]:.0f}% | {r['blas']:.3f} "
-             f"| {r['nn.MultiheadAttention']:.3f} | {r['F.linear+sdpa']:.3f} "
-             f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {r['blas'] / ours:.2f} "
-             f"| {best_torch / ours:.2f} | {f'{ort_ms / ours:.2f}' if ort_ms else '–'} "
-             f"| {faster / ours:.2f} | {r['python']:.3f} | {faster / r['python']:.2f} |")
+    if rows:
+        emit("| shape (B, Sq, Sk, E, H) | weights | threads | ours ms | ours GFLOP/s | % of sgemm "
+             "| BLAS MHA ms | nn.MHA ms | F.linear+sdpa ms | ONNX Runtime ms | × BLAS MHA "
+             "| × best PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
+             "| × faster peer, from Python |")
+        emit("|" + "---|" * 16)
+        for (dims, w, t), r in sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2], kv[0])):
+            ours = r["halide"]
+            gflops = report.flops(*dims) / (ours * 1e6)
+            best_torch = min(r["nn.MultiheadAttention"], r["F.linear+sdpa"])
+            ort_ms = r.get("ort")
+            faster = min(best_torch, ort_ms) if ort_ms else best_torch
+            emit(f"| {', '.join(map(str, dims))} | {'yes' if w else 'no'} | {t} | {ours:.3f} "
+                 f"| {gflops:.1f} | {100 * gflops / sgemm[t]:.0f}% | {r['blas']:.3f} "
+                 f"| {r['nn.MultiheadAttention']:.3f} | {r['F.linear+sdpa']:.3f} "
+                 f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {r['blas'] / ours:.2f} "
+                 f"| {best_torch / ours:.2f} | {f'{ort_ms / ours:.2f}' if ort_ms else '–'} "
+                 f"| {faster / ours:.2f} | {r['python']:.3f} | {faster / r['python']:.2f} |")
     if decode:
         emit("")
         emit("Decode steps (one new token per batch row against a KV cache of N tokens); floor = "
@@ -281,6 +292,36 @@ def main():
         for (dims, kv, t), (ours, peer) in sorted(gqa.items()):
             emit(f"| {', '.join(map(str, dims))} | {kv} | {t} | {ours:.3f} | {peer:.3f} "
                  f"| {peer / ours:.2f} |")
+    dtypes = {}
+    for name, t_ms in cpp_ms.items():
+        m = DTYPE.match(name)
+        if m:
+            key = (forward_dims(m), m["dtype"], int(m["t"]))
+            dtypes[key] = {"ours": t_ms, "kernel": cpp[name][1]}
+            dtypes[key].update({path: ms[(path, *key)] for path in
+                                ("torch module", "torch autocast", "ort") if (path, *key) in ms})
+    if dtypes:
+        order = ["f32", "bf16", "f16"]
+        emit("")
+        emit("Self-attention in each dtype (no weights): ours, a module of that dtype on tensors of "
+             "it; PyTorch nn.MultiheadAttention of that dtype, and for bf16 the f32 module under "
+             "torch.autocast(cpu, bfloat16); ONNX Runtime's Attention in that type where its CPU "
+             "provider has one (not bf16):")
+        emit("")
+        emit("| shape (B, Sq, Sk, E, H) | dtype | threads | ours ms | ours GFLOP/s | × our f32 "
+             "| PyTorch module ms | PyTorch autocast ms | ONNX Runtime ms | × best PyTorch "
+             "| × ONNX Runtime | kernel |")
+        emit("|" + "---|" * 12)
+        for (dims, dtype, t), r in sorted(dtypes.items(),
+                                         key=lambda kv: (kv[0][0], order.index(kv[0][1]), kv[0][2])):
+            ours, f32 = r["ours"], dtypes[(dims, "f32", t)]["ours"]
+            best_torch = min(r["torch module"], r.get("torch autocast", float("inf")))
+            autocast, ort_ms = r.get("torch autocast"), r.get("ort")
+            emit(f"| {', '.join(map(str, dims))} | {dtype} | {t} | {ours:.3f} "
+                 f"| {report.flops(*dims) / (ours * 1e6):.1f} | {f32 / ours:.2f} "
+                 f"| {r['torch module']:.3f} | {f'{autocast:.3f}' if autocast else '–'} "
+                 f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {best_torch / ours:.2f} "
+                 f"| {f'{ort_ms / ours:.2f}' if ort_ms else '–'} | {r['kernel']} |")
     stages = {}
     for name, t_ms in cpp_ms.items():
         m = STAGE.match(name)

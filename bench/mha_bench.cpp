@@ -4,9 +4,10 @@
 // bench/compare.py adds PyTorch and ONNX Runtime and the tables.
 //
 // Names: sgemm2048/threads:T, stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
-// with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T and
-// stage/<stage>/<shape>/threads:T. Counters: GFLOP/s and pct_sgemm (percent of the same run's
-// sgemm at the same thread count); for decode steps and the streaming read, bytes and GB/s.
+// with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T,
+// dtype/<shape>/dtype:<f32 | bf16 | f16>/threads:T and stage/<stage>/<shape>/threads:T. Counters:
+// GFLOP/s and pct_sgemm (percent of the same run's sgemm at the same thread count); for decode
+// steps and the streaming read, bytes and GB/s.
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <fmt/format.h>
@@ -205,6 +206,25 @@ void halide_gqa(benchmark::State &state, mha::contract::GqaShape g, int threads)
     state.SetLabel(mha::dispatched_isa());
 }
 
+// Self-attention of a module in `dtype` on tensors of that type (converted before timing), no
+// weights; labelled with the kernel that runs (bf16 on a matrix engine, or f32).
+void halide_dtype(benchmark::State &state, Dims d, mha::DType dtype, int threads) {
+    set_threads(threads);
+    Buffers buf(d);
+    buf.problem.dtype = dtype;
+    const auto module = mha::reference::make_module(buf.problem);
+    const mha::reference::ProblemTensors tensors(buf.problem);
+    const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
+    for (auto _ : state) {
+        tensors.forward(module, out, {});
+        benchmark::DoNotOptimize(buf.output.data());
+    }
+    state.SetLabel(module.kernel_name(mha::reference::query_view(buf.problem),
+                                      mha::reference::key_view(buf.problem),
+                                      mha::reference::value_view(buf.problem), {}));
+    report(state, d.forward_flops(), threads);
+}
+
 // Each stage's own library (tests' stage generators) on the shape's tensors.
 using Halide::Runtime::Buffer;
 void stage(benchmark::State &state, const std::string &which, Dims d, int threads) {
@@ -318,6 +338,15 @@ void register_all(const std::vector<int> &thread_counts) {
             fmt::format("gqa/{}_kv{}/threads:2", shape_name(g.shape), g.kv_heads).c_str(),
             halide_gqa, g, 2)
             ->Unit(benchmark::kMillisecond);
+    }
+    for (const Dims &d : mha::contract::kDtypeSweep) {
+        for (mha::DType dtype : mha::contract::kDTypes) {
+            benchmark::RegisterBenchmark(fmt::format("dtype/{}/dtype:{}/threads:2", shape_name(d),
+                                                     mha::contract::dtype_name(dtype))
+                                             .c_str(),
+                                         halide_dtype, d, dtype, 2)
+                ->Unit(benchmark::kMillisecond);
+        }
     }
     for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",
                            "attend_values", "merge_heads"}) {

@@ -1,8 +1,9 @@
 """ONNX Runtime peers: the forward pass as com.microsoft Attention (self-attention; its fused
 QKV projection included) or MultiHeadAttention (cross-attention, projections by MatMul) plus the
 output projection (MatMul + Add); a decode step as MultiHeadAttention with past key and value
-(ORT appends the new token's and returns the present ones). f32, CPU execution provider, intra-op
-threads as given. Graphs are built with the onnx package from random weights."""
+(ORT appends the new token's and returns the present ones). f32 (the forward pass in f16 too),
+CPU execution provider, intra-op threads as given. Graphs are built with the onnx package from
+random weights."""
 
 import numpy as np
 import onnxruntime as ort
@@ -33,23 +34,29 @@ def _output_projection(nodes, inits, context, E, w):
               helper.make_node("Add", ["projected", "bo"], ["output"])]
 
 
-def measure(dims, threads, min_time_s=0.3):
-    """Median milliseconds of ORT's forward pass for (B, Sq, Sk, E, H), no weights returned."""
+# The element types ORT's CPU attention ops take (bf16: none, "Could not find an implementation").
+ORT_DTYPES = {"f32": (TensorProto.FLOAT, np.float32), "f16": (TensorProto.FLOAT16, np.float16)}
+
+
+def measure(dims, threads, min_time_s=0.3, dtype="f32"):
+    """Median milliseconds of ORT's forward pass for (B, Sq, Sk, E, H) in `dtype` (a key of
+    ORT_DTYPES), no weights returned."""
     B, Sq, Sk, E, H = dims
     rng = np.random.default_rng(0)
-    w = _weights(E, rng)
-    f32 = TensorProto.FLOAT
+    elem, np_type = ORT_DTYPES[dtype]
+    w32 = _weights(E, rng)
+    w = lambda *shape: w32(*shape).astype(np_type)
     nodes, inits = [], []
-    inputs = [helper.make_tensor_value_info("query", f32, [B, Sq, E])]
-    feeds = {"query": rng.uniform(-1, 1, (B, Sq, E)).astype(np.float32)}
+    inputs = [helper.make_tensor_value_info("query", elem, [B, Sq, E])]
+    feeds = {"query": rng.uniform(-1, 1, (B, Sq, E)).astype(np_type)}
     if Sq == Sk:
         inits += [numpy_helper.from_array(w(E, 3 * E), "w_qkv"),
                   numpy_helper.from_array(w(3 * E), "b_qkv")]
         nodes.append(helper.make_node("Attention", ["query", "w_qkv", "b_qkv"], ["context"],
                                       domain="com.microsoft", num_heads=H))
     else:
-        inputs.append(helper.make_tensor_value_info("key", f32, [B, Sk, E]))
-        feeds["key"] = rng.uniform(-1, 1, (B, Sk, E)).astype(np.float32)
+        inputs.append(helper.make_tensor_value_info("key", elem, [B, Sk, E]))
+        feeds["key"] = rng.uniform(-1, 1, (B, Sk, E)).astype(np_type)
         for name, source in (("q", "query"), ("k", "key"), ("v", "key")):
             inits.append(numpy_helper.from_array(w(E, E), f"w_{name}"))
             nodes.append(helper.make_node("MatMul", [source, f"w_{name}"], [name]))
@@ -58,7 +65,7 @@ def measure(dims, threads, min_time_s=0.3):
                                       domain="com.microsoft", num_heads=H))
     _output_projection(nodes, inits, "context", E, w)
     graph = helper.make_graph(nodes, "attention", inputs,
-                              [helper.make_tensor_value_info("output", f32, [B, Sq, E])], inits)
+                              [helper.make_tensor_value_info("output", elem, [B, Sq, E])], inits)
     session = _session(graph, threads)
     return median_ms(lambda: session.run(None, feeds), min_time_s)
 

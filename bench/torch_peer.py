@@ -1,7 +1,9 @@
 """PyTorch peers of the benchmark sweep: nn.MultiheadAttention, and F.linear with
 F.scaled_dot_product_attention (or, when the weights are requested, which SDPA cannot return,
-the explicit matmul/softmax a user writes instead). f32, CPU, inference mode."""
+the explicit matmul/softmax a user writes instead), f32; the module in bf16 and f16 too. CPU,
+inference mode."""
 
+import copy
 import math
 
 import torch
@@ -49,6 +51,32 @@ def measure(dims, with_weights, threads, min_time_s=0.3):
             "nn.MultiheadAttention": median_ms(module, min_time_s),
             "F.linear+sdpa": median_ms(functional, min_time_s),
         }
+
+
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def measure_dtype(dims, dtype, threads, min_time_s=0.3):
+    """Median milliseconds of PyTorch's self-attention in `dtype` (f32, bf16, f16): an
+    nn.MultiheadAttention of that dtype on a tensor of it, and for bf16 also the f32 module under
+    torch.autocast("cpu", bfloat16)."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    B, S, _, E, H = dims
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    x = torch.rand(B, S, E) * 2 - 1
+    typed, typed_x = copy.deepcopy(mha).to(TORCH_DTYPES[dtype]), x.to(TORCH_DTYPES[dtype])
+
+    def autocast():
+        with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+            return mha(x, x, x, need_weights=False)
+
+    with torch.inference_mode():
+        times = {"module": median_ms(lambda: typed(typed_x, typed_x, typed_x, need_weights=False),
+                                     min_time_s)}
+        if dtype == "bf16":
+            times["autocast"] = median_ms(autocast, min_time_s)
+        return times
 
 
 def measure_causal(dims, threads, min_time_s=0.3):

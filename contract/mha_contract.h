@@ -660,6 +660,15 @@ inline constexpr std::array kGqaSweep = {
     GqaShape{{1, 1024, 1024, 1024, 16}, 1},
 };
 
+// Self-attention timed in every dtype (kDTypes) against PyTorch's module of that dtype (and,
+// for bf16, its f32 module under autocast): the shapes where 16-bit arithmetic can pay.
+inline constexpr std::array kDtypeSweep = {
+    ProblemShape{4, 256, 256, 512, 8},
+    ProblemShape{1, 512, 512, 512, 8},
+    ProblemShape{1, 1024, 1024, 512, 8},
+    ProblemShape{1, 2048, 2048, 512, 8},
+};
+
 // Added on GPUs, which have room for them.
 inline constexpr std::array kGpuExtraShapes = {
     ProblemShape{8, 1024, 1024, 1024, 16},

@@ -79,6 +79,15 @@ inline Projection linear_projection(const StageVars &v, const TokenRows &rows,
     return p;
 }
 
+// An f32 value rounded to the nearest even bf16, NaN kept quiet, written as integer operations
+// (Halide 21 emulates an f32 -> bf16 cast the same way, with a warning per kernel).
+inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {
+    using namespace Halide;
+    const Expr bits = reinterpret<uint32_t>(x);
+    const Expr nearest_even = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+    return reinterpret(BFloat(16), cast<uint16_t>(select(is_nan(x), 0x7fc0, nearest_even)));
+}
+
 // The same projection in the form a matrix engine computes it (x86 AMX, whose lowering in Halide
 // matches exactly this form): the `out_features` outputs in 16 x 16 tiles (kBf16TileWidth), each
 // accumulated in f32 over slices of 32 input features (kBf16TileDepth); the rows staged as bf16
@@ -101,9 +110,10 @@ inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                  out_features};
     Var kk("kk"), ri("ri"), kt("kt"), rt("rt"), ei("ei"), ep("ep");
     const Expr k = kt * depth + kk;
-    p.strips(kk, ri, kt, rt) = select(
-        k < in_features, cast(BFloat(16), rows.func(min(k, in_features - 1), rt * width + ri)),
-        cast(BFloat(16), 0.0f));
+    const Expr row = rows.func(min(k, in_features - 1), rt * width + ri);
+    p.strips(kk, ri, kt, rt) =
+        select(k < in_features, row.type().is_bfloat() ? row : rounded_to_bf16(row),
+               cast(BFloat(16), 0.0f));
     p.tiles(ei, ri, ep, rt) = 0.0f;
     p.tiles(ei, ri, ep, rt) +=
         cast<float>(p.strips(p.k.x, ri, p.k.y, rt)) *

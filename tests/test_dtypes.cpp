@@ -198,19 +198,22 @@ bool cpu_has_amx_bf16() {
 }
 
 // A bf16 module runs the matrix engine's kernels where the CPU has one and MHA_CPU_ISA does not
-// cap it away; an f16 module never does (it converts to f32).
+// cap it away, unless it is narrower than one tile slice; an f16 module never does (it converts
+// to f32).
 TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
     const bool amx = cpu_has_amx_bf16() && std::getenv("MHA_CPU_ISA") == nullptr;
-    for (const DType dtype : {DType::bf16, DType::f16}) {
-        Problem p =
-            mha::reference::random_problem({2, 7, 7, 48, 3}, mha::testing::next_seed(), true);
+    for (const auto &[dtype, embed_dim] :
+         {std::pair{DType::bf16, 48}, {DType::bf16, 24}, {DType::f16, 48}}) {
+        const bool wide = embed_dim >= mha::contract::kBf16TileDepth;
+        Problem p = mha::reference::random_problem({2, 7, 7, embed_dim, 3},
+                                                   mha::testing::next_seed(), true);
         p.dtype = dtype;
         const auto module = mha::reference::make_module(p);
         const std::string kernel =
             module.kernel_name(mha::reference::query_view(p), mha::reference::key_view(p),
                                mha::reference::value_view(p));
         const bool on_amx = kernel.find("_cpu_amx_") != std::string::npos;
-        EXPECT_EQ(on_amx, amx && dtype == DType::bf16) << kernel;
+        EXPECT_EQ(on_amx, amx && dtype == DType::bf16 && wide) << kernel;
         EXPECT_EQ(kernel.find("_bf16") != std::string::npos, on_amx) << kernel;
         const auto got = mha::reference::run_module(module, p, true);
         const auto want = mha::reference::forward(p);

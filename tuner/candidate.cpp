@@ -5,6 +5,8 @@
 #include <mutex>
 
 #include "Halide.h"
+#include "buffers.h"
+#include "dtype.h"
 #include "scratch_pool.h"
 
 namespace mha::tune {
@@ -17,13 +19,27 @@ void scratch_free(Halide::JITUserContext *, void *block) { detail::scratch_relea
 
 }  // namespace
 
-Workload::Workload(const contract::ProblemShape &shape, uint64_t seed)
+Workload::Workload(const contract::ProblemShape &shape, uint64_t seed, const contract::CpuIsa &isa)
     : problem(reference::random_problem(shape, seed, shape.query_len == shape.key_len)),
       output(shape.batch * shape.query_len * shape.embed_dim) {
+    problem.dtype = isa.dtype;
     const std::array<Linear, 4> lin = reference::linears(problem);
-    const Linear *linears[4] = {&lin[0], &lin[1], &lin[2], &lin[3]};
-    weights =
-        std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears, nullptr);
+    const detail::WidenedLinears rounded(
+        std::array<const Linear *, 4>{&lin[0], &lin[1], &lin[2], &lin[3]}, isa.dtype);
+    const Linear *linears[4] = {&rounded.linears[0], &rounded.linears[1], &rounded.linears[2],
+                                &rounded.linears[3]};
+    const bool tiles = isa.dtype != DType::f32;
+    weights = std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears,
+                                                      nullptr, tiles);
+    if (tiles) {
+        for (auto [from, to] : {std::pair{reference::query_view(problem), &query},
+                                {reference::key_view(problem), &key},
+                                {reference::value_view(problem), &value}}) {
+            const int64_t n = from.shape[0] * from.shape[1] * from.shape[2];
+            to->resize(size_t(n));
+            detail::convert(from.data, to->data(), n);
+        }
+    }
 }
 
 struct Candidate::Compiled {
@@ -40,6 +56,7 @@ Candidate::Candidate(const contract::CpuIsa &isa, const contract::ProblemShape &
     const bool fused = estimates.query_len == estimates.key_len;
     gen->set_generatorparam_value("fused_qkv", fused ? "true" : "false");
     gen->set_generatorparam_value("schedule", schedule);
+    gen->set_generatorparam_value("dtype", std::string(contract::dtype_name(isa.dtype)));
     const std::pair<const char *, int64_t> shape_estimates[] = {
         {"est_batch", estimates.batch},
         {"est_query_len", estimates.query_len},
@@ -87,11 +104,16 @@ void load_autoscheduler_plugins() {
 
 int Candidate::run(Workload &work) const {
     const contract::ProblemShape &d = work.problem.dims;
-    const int E = int(d.embed_dim), Sq = int(d.query_len), Sk = int(d.key_len), B = int(d.batch);
+    const int E = int(d.embed_dim), Sq = int(d.query_len), B = int(d.batch);
     const reference::Problem &p = work.problem;
-    Halide::Runtime::Buffer<float> q(const_cast<float *>(p.query.data()), {E, Sq, B});
-    Halide::Runtime::Buffer<float> k(const_cast<float *>(p.key.data()), {E, Sk, B});
-    Halide::Runtime::Buffer<float> v(const_cast<float *>(p.value.data()), {E, Sk, B});
+    const bool bf16 = !work.query.empty();
+    const auto input = [bf16](const Tensor &t, const std::vector<bfloat16> &t16) {
+        return bf16 ? detail::dense_buffer(TensorView<const bfloat16>{t16.data(), t.shape})
+                    : detail::dense_buffer(t);
+    };
+    const detail::HostBuffer q = input(reference::query_view(p), work.query);
+    const detail::HostBuffer k = input(reference::key_view(p), work.key);
+    const detail::HostBuffer v = input(reference::value_view(p), work.value);
     Halide::Runtime::Buffer<float> out(work.output.data(), {E, Sq, B});
     int32_t head_dim = int32_t(d.head_dim());
     std::array<const void *, contract::kArgCount> values{};
@@ -103,8 +125,12 @@ int Candidate::run(Workload &work) const {
     int32_t kv_heads = int32_t(d.num_heads);
     values[size_t(contract::ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
-        if (work.weights->buffers[id]) {
-            values[id] = work.weights->buffers[id]->raw_buffer();
+        // As the library's call: a matrix engine's kernel reads the bf16 tiles where they exist.
+        const std::optional<detail::HostBuffer> &tiles = work.weights->tile_buffers[id];
+        const std::optional<detail::HostBuffer> &weights =
+            bf16 && tiles ? tiles : work.weights->buffers[id];
+        if (weights) {
+            values[id] = weights->raw_buffer();
         }
     }
     Halide::JITUserContext context;
@@ -118,13 +144,14 @@ int Candidate::run(Workload &work) const {
     return compiled_->callable.call_argv_fast(argv.size(), argv.data());
 }
 
-double check_error(const Candidate &candidate, const contract::ProblemShape &like) {
+bool accurate(const Candidate &candidate, const contract::CpuIsa &isa,
+              const contract::ProblemShape &like, double &error) {
     const bool self = like.query_len == like.key_len;
-    Workload work({2, 7, self ? 7 : 11, like.embed_dim, like.num_heads}, 99);
-    if (candidate.run(work) != 0) {
-        return INFINITY;
-    }
-    return reference::relative_l2(work.output, reference::forward(work.problem).output);
+    Workload work({2, 7, self ? 7 : 11, like.embed_dim, like.num_heads}, 99, isa);
+    error = candidate.run(work) != 0
+                ? INFINITY
+                : reference::relative_l2(work.output, reference::forward(work.problem).output);
+    return error < reference::output_tolerance(work.problem);
 }
 
 }  // namespace mha::tune

@@ -15,12 +15,15 @@
 namespace mha::tune {
 
 // A problem and its packed weights, built once per shape; the variant is self-attention (fused
-// QKV) when Sq = Sk, as in the benchmark sweep, with no mask and no weights returned.
+// QKV) when Sq = Sk, as in the benchmark sweep, with no mask and no weights returned. For a
+// matrix engine's instruction set, what a bf16 module holds: weights rounded and packed as bf16
+// tiles, the inputs in bf16.
 struct Workload {
-    Workload(const contract::ProblemShape &shape, uint64_t seed);
+    Workload(const contract::ProblemShape &shape, uint64_t seed, const contract::CpuIsa &isa);
 
     reference::Problem problem;
     std::unique_ptr<detail::PackedWeights> weights;
+    std::vector<bfloat16> query, key, value;  // bf16 inputs; empty for f32
     std::vector<float> output;
 };
 
@@ -45,8 +48,10 @@ private:
 // Makes Halide's autoschedulers available to Candidate (once per process).
 void load_autoscheduler_plugins();
 
-// Relative L2 error against the double-precision reference on a small awkward shape with the
-// embedding and heads of `like`; infinity when the candidate fails.
-double check_error(const Candidate &candidate, const contract::ProblemShape &like);
+// Whether the candidate meets the library's accuracy (reference::output_tolerance of its dtype)
+// against the double-precision reference on a small awkward shape with the embedding and heads
+// of `like`; the relative L2 error (infinity when the candidate fails) in `error`.
+bool accurate(const Candidate &candidate, const contract::CpuIsa &isa,
+              const contract::ProblemShape &like, double &error);
 
 }  // namespace mha::tune

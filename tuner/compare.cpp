@@ -57,7 +57,7 @@ std::string cell(const Outcome &outcome) {
 int measure_contender(const CompareOptions &o, size_t shape_index, const std::string &contender) {
     const contract::ProblemShape &shape = contract::kBenchmarkSweep.at(shape_index);
     const cpu::ScheduleParams defaults = cpu::ScheduleParams::defaults(*o.isa);
-    Workload work(shape, 5);
+    Workload work(shape, 5, *o.isa);
     const Candidate baseline(*o.isa, shape, defaults.to_string());
     std::optional<Candidate> candidate;
     try {
@@ -73,7 +73,7 @@ int measure_contender(const CompareOptions &o, size_t shape_index, const std::st
         fmt::print("failed {}\n", e.what());
         return 0;
     }
-    if (!(check_error(*candidate, shape) < 1e-5)) {
+    if (double error = 0; !accurate(*candidate, *o.isa, shape, error)) {
         fmt::print("wrong answer\n");
         return 0;
     }

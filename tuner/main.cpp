@@ -9,6 +9,7 @@
 #include "candidate.h"
 #include "command_line.h"
 #include "compare.h"
+#include "cpu_isa.h"
 #include "search.h"
 #include "tuned_file.h"
 
@@ -39,17 +40,15 @@ int main(int argc, char **argv) {
     bool comparing = false;
     int measure_shape = -1;
     std::string contender;
-    // The f32 instruction sets: the candidates are timed as f32 modules (the bf16 one's tiled
-    // projections have no parameters; its other stages take the hand-written defaults).
-    std::vector<std::string> f32_isas;
+    std::vector<std::string> isa_names;
     for (const mha::contract::CpuIsa &isa : mha::contract::kCpuIsas) {
-        if (isa.dtype == mha::DType::f32) {
-            f32_isas.emplace_back(isa.name);
-        }
+        isa_names.emplace_back(isa.name);
     }
-    app.add_option("--isa", isa_name, "the instruction set to tune")
+    app.add_option("--isa", isa_name,
+                   "the instruction set to tune (a matrix engine's: its bf16 kernels, whose "
+                   "attention stages take the parameters)")
         ->required()
-        ->check(CLI::IsMember(f32_isas))
+        ->check(CLI::IsMember(isa_names))
         ->type_name("ISA");
     app.add_option("--budget-minutes", tune.budget_minutes, "time for all buckets together")
         ->check(CLI::PositiveNumber)
@@ -103,6 +102,14 @@ int main(int argc, char **argv) {
 
     const mha::contract::CpuIsa &isa =
         mha::contract::kCpuIsas[*mha::contract::cpu_isa_index(isa_name)];
+    // Asking for the matrix engine also asks Linux for its tile state, without which it faults.
+    if (isa.dtype != mha::DType::f32 && !mha::detail::matrix_isa(isa.dtype)) {
+        fmt::print(stderr,
+                   "mha-tune: --isa {} needs a CPU with its matrix engine (and Linux's permission "
+                   "to use it); this one runs none\n",
+                   isa_name);
+        return 1;
+    }
     const std::string tuned_dir = MHA_TUNED_DIR;
     tune.isa = compare.isa = &isa;
     tune.database = database.empty() ? tuned_dir + "/" + isa_name + ".records.jsonl" : database;

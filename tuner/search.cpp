@@ -61,7 +61,7 @@ public:
             }
         }
         for (const ProblemShape &s : shapes_) {
-            works_.emplace_back(s, o.seed);
+            works_.emplace_back(s, o.seed, isa_);
             if (baselines_.count(fused(s)) == 0) {
                 baselines_.emplace(fused(s), Candidate(isa_, s, defaults_.to_string()));
             }
@@ -120,8 +120,8 @@ private:
                 m.failure = fmt::format("does not compile: {}", e.what());
                 return m;
             }
-            const double error = check_error(*candidate, s);
-            if (!(error < 1e-5)) {
+            double error = 0;
+            if (!accurate(*candidate, isa_, s, error)) {
                 candidate.reset();
                 m.failure = fmt::format("wrong answer: relative L2 {:.2e}", error);
                 return m;

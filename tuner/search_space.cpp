@@ -12,9 +12,13 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
             vectors.push_back(v);
         }
     }
-    values_ = {{"proj_vectors", vectors},
-               {"proj_rows", {2, 3, 4, 6, 8, 12, 14}},
-               {"proj_block_tiles", {4, 8, 16, 32, 64}},
+    // A matrix engine's projections are tile products that these parameters do not shape.
+    const bool tiled = isa.dtype != DType::f32;
+    values_ = {{"proj_vectors", tiled ? std::vector{defaults_.proj_vectors} : vectors},
+               {"proj_rows",
+                tiled ? std::vector{defaults_.proj_rows} : std::vector{2, 3, 4, 6, 8, 12, 14}},
+               {"proj_block_tiles",
+                tiled ? std::vector{defaults_.proj_block_tiles} : std::vector{4, 8, 16, 32, 64}},
                {"attention_rows", {4, 8, 12, 16, 24}},
                {"tasks_per_head", {1, 2, 4, 8}},
                {"qk_vectors", vectors},

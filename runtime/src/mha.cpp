@@ -43,7 +43,8 @@ const detail::KernelComponent *component_for(Device device) {
 }
 
 void check_dtype(DType dtype) {
-    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16) {
+    if (std::find(contract::kDTypes.begin(), contract::kDTypes.end(), dtype) ==
+        contract::kDTypes.end()) {
         throw Error(fmt::format("dtype {} is none of f32, bf16 and f16", int(dtype)));
     }
 }

@@ -130,8 +130,8 @@ public:
         in.padded = mha::contract::padded_features(in.embed_dim, in.head_dim);
         in.padded_kv = mha::contract::padded_features(in.kv_heads * in.head_dim, in.head_dim);
         // A projection's weights: Wᵀ panels in f32, bf16 tiles for the matrix engine.
-        in.tiled_projections = dtype == mha::DType::bf16;
-        if (in.tiled_projections && mha::cpu_isa_of(get_target()).dtype != mha::DType::bf16) {
+        in.tile_products = dtype == mha::DType::bf16;
+        if (in.tile_products && mha::cpu_isa_of(get_target()).dtype != mha::DType::bf16) {
             throw CompileError(
                 "bf16 forward kernels are for the contract's bf16 instruction set, "
                 "not " +
@@ -139,7 +139,7 @@ public:
         }
         const auto weights = [&](ArgId id, const std::string &name) -> Func {
             GeneratorInput<Buffer<>> &w = input(id);
-            if (!in.tiled_projections) {
+            if (!in.tile_products) {
                 return mha::panel_view(w, name);
             }
             // Each tile contiguous, pairs innermost: the layout the tile loads need.

@@ -6,6 +6,9 @@
 // output feature innermost, so a projection reads contiguous weight rows.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "Halide.h"
 #include "mha_contract.h"
 
@@ -88,36 +91,111 @@ inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {
     return reinterpret(BFloat(16), cast<uint16_t>(select(is_nan(x), 0x7fc0, nearest_even)));
 }
 
-// The same projection in the form a matrix engine computes it (x86 AMX, whose lowering in Halide
-// matches exactly this form): the `out_features` outputs in 16 x 16 tiles (kBf16TileWidth), each
-// accumulated in f32 over slices of 32 input features (kBf16TileDepth); the rows staged as bf16
-// in strips of 16 rows, features past `in_features` read as zero; the weights given as bf16
-// tiles, weight_tiles(pair, lane, panel x pairs + p) (contract::kBf16TileDepth).
+// The three pieces of a product on a matrix engine (x86 AMX, whose lowering in Halide matches
+// exactly these forms), in tiles of kBf16TileWidth x kBf16TileWidth f32 accumulated over slices of
+// kBf16TileDepth: the left operand staged as bf16 strips of kBf16TileWidth rows, the right one as
+// bf16 tiles whose pairs of reduction features are innermost; reduction features past `features`
+// read as zero in both. `outer` are the products' outer pure dimensions (head, batch) and each
+// operand's call arguments for them.
+
+// strips(kk, ri, kt, rt, outer...) = source(kt·depth + kk, rt·width + ri, outer...) in bf16.
+inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &features,
+                                const std::vector<Halide::Var> &outer, const std::string &name) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
+    Var kk("kk"), ri("ri"), kt("kt"), rt("rt");
+    std::vector<Var> args = {kk, ri, kt, rt};
+    std::vector<Expr> read = {min(kt * depth + kk, features - 1), rt * width + ri};
+    args.insert(args.end(), outer.begin(), outer.end());
+    read.insert(read.end(), outer.begin(), outer.end());
+    const Expr value = source(read);
+    Func strips(name);
+    strips(args) = select(kt * depth + kk < features,
+                          value.type().is_bfloat() ? value : rounded_to_bf16(value),
+                          cast(BFloat(16), 0.0f));
+    return strips;
+}
+
+// The right operand of a tile product computed, in the layout the runtime prepacks weights in
+// (contract::kBf16TileDepth): tiles(pair, lane, (ct·slices + kt)·depth/2 + kp) =
+// source(kt·depth + 2·kp + pair, ct·width + lane, h, b) in bf16, slices = the reduction's slices
+// of depth features, ct counting `columns` in whole tiles per (h, b) of `heads` heads: the column
+// tiles of head h of batch row b start at tile_columns_offset. One index for all, as the AMX
+// lowering wants its tile loads one ramp from one base.
+struct Bf16Tiles {
+    Halide::Func tiles;
+    Halide::Expr column_tiles;  // per (head, batch row)
+};
+inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &features,
+                            const Halide::Expr &columns, const Halide::Expr &heads,
+                            const std::string &name) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
+    const Expr slices = (features + depth - 1) / depth;
+    Bf16Tiles packed{Func(name), (columns + width - 1) / width};
+    Var pair("pair"), lane("lane"), t("t");
+    const Expr kp = t % (depth / 2), kt = (t / (depth / 2)) % slices;
+    const Expr column_tile = t / (depth / 2 * slices);
+    const Expr ct = column_tile % packed.column_tiles, head = column_tile / packed.column_tiles;
+    const Expr feature = kt * depth + 2 * kp + pair;
+    const Expr value =
+        source(min(feature, features - 1), ct * width + lane, head % heads, head / heads);
+    packed.tiles(pair, lane, t) = select(feature < features,
+                                         value.type().is_bfloat() ? value : rounded_to_bf16(value),
+                                         cast(BFloat(16), 0.0f));
+    return packed;
+}
+inline Halide::Expr tile_columns_offset(const Bf16Tiles &packed, const Halide::Expr &head,
+                                        const Halide::Expr &heads, const Halide::Expr &batch_row) {
+    return (batch_row * heads + head) * packed.column_tiles;
+}
+
+// acc(lane, ri, ct, rt, outer...) = sum over the reduction's `features` of
+// strips(k, ri, ·, rt, outer...) · tiles(k, lane of column tile ct + tiles_offset): `k` its RDom
+// (tile_slices).
+inline Halide::Func tile_product(const Halide::Func &strips, const Halide::Func &tiles,
+                                 const Halide::Expr &features, const Halide::RDom &k,
+                                 const std::vector<Halide::Var> &outer,
+                                 const Halide::Expr &tiles_offset, const std::string &name) {
+    using namespace Halide;
+    const int depth = contract::kBf16TileDepth;
+    const Expr slices = (features + depth - 1) / depth;
+    Var lane("lane"), ri("ri"), ct("ct"), rt("rt");
+    std::vector<Var> args = {lane, ri, ct, rt};
+    std::vector<Expr> a = {k.x, ri, k.y, rt};
+    args.insert(args.end(), outer.begin(), outer.end());
+    a.insert(a.end(), outer.begin(), outer.end());
+    Func acc(name);
+    acc(args) = 0.0f;
+    acc(args) += cast<float>(strips(a)) *
+                 cast<float>(tiles(k.x % 2, lane, (((ct + tiles_offset) * slices + k.y) * depth + k.x) / 2));
+    return acc;
+}
+
+// The reduction domain of a tile product over `features`.
+inline Halide::RDom tile_slices(const Halide::Expr &features, const std::string &name) {
+    const int depth = contract::kBf16TileDepth;
+    return Halide::RDom({{0, depth}, {0, (features + depth - 1) / depth}}, name);
+}
+
+// The same projection as a tile product: the rows staged as strips, the weights given as tiles
+// (weight_tiles(pair, lane, panel x pairs + p), contract::kBf16TileDepth), `out_features` outputs
+// in whole tiles.
 inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                                    const Halide::Func &weight_tiles, const Halide::Func &bias,
                                    const Halide::Expr &in_features,
                                    const Halide::Expr &out_features, const std::string &name) {
     using namespace Halide;
-    const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
-    const Expr slices = (in_features + depth - 1) / depth;
+    const int width = contract::kBf16TileWidth;
     Projection p{Func(name),
-                 RDom({{0, depth}, {0, slices}}, name + "_k"),
+                 tile_slices(in_features, name + "_k"),
                  rows.func,
                  weight_tiles,
                  rows.count,
-                 Func(name + "_strips"),
-                 Func(name + "_tiles"),
+                 bf16_strips(rows.func, in_features, {}, name + "_strips"),
+                 Func(),
                  out_features};
-    Var kk("kk"), ri("ri"), kt("kt"), rt("rt"), ei("ei"), ep("ep");
-    const Expr k = kt * depth + kk;
-    const Expr row = rows.func(min(k, in_features - 1), rt * width + ri);
-    p.strips(kk, ri, kt, rt) =
-        select(k < in_features, row.type().is_bfloat() ? row : rounded_to_bf16(row),
-               cast(BFloat(16), 0.0f));
-    p.tiles(ei, ri, ep, rt) = 0.0f;
-    p.tiles(ei, ri, ep, rt) +=
-        cast<float>(p.strips(p.k.x, ri, p.k.y, rt)) *
-        cast<float>(weight_tiles(p.k.x % 2, ei, ((ep * slices + p.k.y) * depth + p.k.x) / 2));
+    p.tiles = tile_product(p.strips, weight_tiles, in_features, p.k, {}, 0, name + "_tiles");
     p.result(v.e, v.r) = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
     return p;
 }
@@ -141,18 +219,49 @@ struct ScaledScores {
     Halide::Func dot;     // unscaled q·kᵀ, the reduction
     Halide::Func result;  // dot / sqrt(d)
     Halide::RDom c;
+    // The tiled form only (tiled_scaled_scores): the queries as strips, the keys as tiles, the
+    // product's tiles (dot is their view).
+    Halide::Func q_strips, k_tiles, tiles;
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
                                   const std::string &suffix = "",
                                   const Halide::Expr &kv_group = Halide::Expr()) {
-    ScaledScores s{Halide::Func("qk_dot" + suffix), Halide::Func("scaled_scores" + suffix),
-                   Halide::RDom(0, head_dim, "scores_c" + suffix)};
+    ScaledScores s;
+    s.dot = Halide::Func("qk_dot" + suffix);
+    s.result = Halide::Func("scaled_scores" + suffix);
+    s.c = Halide::RDom(0, head_dim, "scores_c" + suffix);
     s.dot(v.j, v.i, v.h, v.b) = 0.0f;
     s.dot(v.j, v.i, v.h, v.b) +=
         q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, kv_head_of(v, kv_group), v.b);
     Halide::Expr scale = 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
     s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * scale;
+    return s;
+}
+
+// The same scores as a tile product (see tile_product): each head's query features staged as
+// strips, its key features as tiles (computed once per key head), in f32 tiles of 16 keys x 16
+// queries that `dot` reads.
+inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &q_heads,
+                                        const Halide::Func &k_heads, const Halide::Expr &head_dim,
+                                        const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
+                                        const Halide::Expr &kv_group) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth;
+    ScaledScores s;
+    s.dot = Func("qk_dot");
+    s.result = Func("scaled_scores");
+    s.c = tile_slices(head_dim, "scores_c");
+    s.q_strips = bf16_strips(q_heads, head_dim, {v.h, v.b}, "q_strips");
+    const Bf16Tiles keys = bf16_tiles(k_heads, head_dim, num_keys, kv_heads, "k_tiles");
+    s.k_tiles = keys.tiles;
+    s.tiles = tile_product(s.q_strips, s.k_tiles, head_dim, s.c, {v.h, v.b},
+                           tile_columns_offset(keys, kv_head_of(v, kv_group), kv_heads, v.b),
+                           "qk_tiles");
+    s.dot(v.j, v.i, v.h, v.b) =
+        s.tiles(v.j % width, v.i % width, v.j / width, v.i / width, v.h, v.b);
+    s.result(v.j, v.i, v.h, v.b) =
+        s.dot(v.j, v.i, v.h, v.b) * (1.0f / sqrt(cast<float>(head_dim)));
     return s;
 }
 
@@ -276,6 +385,9 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
 struct AttendValues {
     Halide::Func result;
     Halide::RDom j;
+    // The tiled form only (tiled_attend_values): the weights as strips, the values as tiles, the
+    // product's tiles (result is their view).
+    Halide::Func weight_strips, v_tiles, tiles;
 };
 // Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
 // ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
@@ -291,7 +403,9 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
                                   const Halide::Func &v_heads, const Halide::Expr &num_keys,
                                   const CausalBlocks &causal = {},
                                   const Halide::Expr &kv_group = Halide::Expr()) {
-    AttendValues a{Halide::Func("attend_values"), Halide::RDom(0, num_keys, "values_j")};
+    AttendValues a;
+    a.result = Halide::Func("attend_values");
+    a.j = Halide::RDom(0, num_keys, "values_j");
     Halide::Expr key = a.j.x;
     if (causal.visible_keys.defined()) {
         const int kb = causal.key_block, qb = causal.query_block;
@@ -305,6 +419,31 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
     a.result(v.c, v.i, v.h, v.b) = 0.0f;
     a.result(v.c, v.i, v.h, v.b) +=
         weights(key, v.i, v.h, v.b) * v_heads(v.c, key, kv_head_of(v, kv_group), v.b);
+    return a;
+}
+
+// The same weights·V as a tile product: each query tile's weights staged as bf16 strips over the
+// keys (keys past the last read as zero), each key head's values as tiles, in f32 tiles of 16
+// features x 16 queries. Causal rows run over every key: their hidden keys weigh exactly 0.
+inline AttendValues tiled_attend_values(const StageVars &v, const Halide::Func &weights,
+                                        const Halide::Func &v_heads, const Halide::Expr &head_dim,
+                                        const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
+                                        const Halide::Expr &kv_group) {
+    using namespace Halide;
+    const int width = contract::kBf16TileWidth;
+    AttendValues a;
+    a.result = Func("attend_values");
+    a.j = tile_slices(num_keys, "values_j");
+    Func values_by_key("values_by_key");
+    values_by_key(v.j, v.c, v.h, v.b) = v_heads(v.c, v.j, v.h, v.b);
+    a.weight_strips = bf16_strips(weights, num_keys, {v.h, v.b}, "weight_strips");
+    const Bf16Tiles values = bf16_tiles(values_by_key, num_keys, head_dim, kv_heads, "v_tiles");
+    a.v_tiles = values.tiles;
+    a.tiles = tile_product(a.weight_strips, a.v_tiles, num_keys, a.j, {v.h, v.b},
+                           tile_columns_offset(values, kv_head_of(v, kv_group), kv_heads, v.b),
+                           "pv_tiles");
+    a.result(v.c, v.i, v.h, v.b) =
+        a.tiles(v.c % width, v.i % width, v.c / width, v.i / width, v.h, v.b);
     return a;
 }
 

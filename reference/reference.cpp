@@ -521,6 +521,8 @@ std::vector<double> to_double(const std::vector<float> &x) {
 
 double output_tolerance(const Problem &p) { return p.dtype == DType::bf16 ? 1e-2 : 1e-5; }
 
+double weights_tolerance(const Problem &p) { return output_tolerance(p); }
+
 double relative_l2(const std::vector<float> &got, const std::vector<double> &want) {
     double diff = 0, norm = 0;
     for (size_t n = 0; n < want.size(); n++) {

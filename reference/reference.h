@@ -160,10 +160,12 @@ std::vector<double> to_double(const std::vector<float> &x);
 // ||got - want||_2 / ||want||_2.
 double relative_l2(const std::vector<float> &got, const std::vector<double> &want);
 // The relative L2 error the library's output meets against forward(p): 1e-5 (f32 arithmetic),
-// and 1e-2 in bf16, whose matrix-engine kernels round the merged heads to bf16 (2^-9 each at
-// most) for the output projection, an error that outputs which cancel magnify (6e-4 to 1.5e-3
-// on the test shapes, 4.7e-3 on a fuzzed one). Attention weights meet 1e-5 in every dtype.
+// and 1e-2 in bf16, whose matrix-engine kernels round to bf16 (2^-9 each at most) what their
+// tile products read: the projected queries, keys and values, the attention weights and the
+// merged heads; outputs which cancel magnify that (4.7e-3 on a fuzzed shape).
 double output_tolerance(const Problem &p);
+// The same for the attention weights: 1e-5, and 1e-2 in bf16 (scores of bf16 queries and keys).
+double weights_tolerance(const Problem &p);
 // max |got - want| / max |want|.
 double max_relative_error(const std::vector<float> &got, const std::vector<double> &want);
 

@@ -85,16 +85,36 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     return tiles;
 }
 
-// A projection in the tiled form (tiled_projection) on the matrix engine (x86 AMX): a task per
-// strip of 16 token rows, staged once in bf16; each 16 x 16 output tile accumulated in a tile
-// register over every input feature and copied out through a 16 x 16 stack buffer. Every
-// extent the tile loads and stores see is a constant, as the AMX lowering needs: the outputs are
-// computed over whole tiles from 0 (the rows rounded up; the features are padded already).
+// A tile product (tile_product) on the matrix engine (x86 AMX), read by `consumer` whose loop `at`
+// runs over one output tile: the tile accumulated in a tile register over every slice and copied
+// out through a 16 x 16 stack buffer. Every extent the tile loads and stores see is a constant,
+// as the AMX lowering needs: consumers read whole tiles through the product's % and / views.
+inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halide::Func consumer,
+                                  const Halide::Var &at) {
+    using namespace Halide;
+    const std::vector<Var> tile = acc.args();  // (lane, row, column tile, row tile, outer...)
+    Func copy = acc.in(consumer);
+    copy.compute_at(consumer, at).store_in(MemoryType::Stack);
+    for (size_t d = 2; d < tile.size(); d++) {
+        copy.bound_storage(tile[d], 1);
+    }
+    copy.align_storage(tile[0], 2 * contract::kBf16TileWidth).vectorize(tile[0]).vectorize(tile[1]);
+    acc.compute_at(copy, tile[2])
+        .store_in(MemoryType::AMXTile)
+        .vectorize(tile[0])
+        .vectorize(tile[1]);
+    std::vector<VarOrRVar> order = {k.x, tile[0], tile[1], k.y};
+    order.insert(order.end(), tile.begin() + 2, tile.end());
+    acc.update().reorder(order).atomic().vectorize(k.x).vectorize(tile[0]).vectorize(tile[1]);
+}
+
+// A projection in the tiled form (tiled_projection) on the matrix engine: a task per strip of 16
+// token rows, staged once in bf16, each output tile a tile product. The outputs are computed over
+// whole tiles from 0 (the rows rounded up; the features are padded already).
 inline void schedule_tiled_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth;
     Var ro("ro"), ri("ri"), eo("eo"), ei("ei");
-    const std::vector<Var> tile = p.tiles.args();    // (lane, row, panel, strip)
     const std::vector<Var> strip = p.strips.args();  // (feature, row, slice, strip)
     p.result.compute_root()
         .bound(v.e, 0, p.out_features)
@@ -107,30 +127,38 @@ inline void schedule_tiled_projection(const StageVars &v, Projection &p, const S
     p.strips.compute_at(p.result, ro)
         .bound_storage(strip[3], 1)
         .vectorize(strip[0], contract::kBf16TileDepth);
-    Func copy = p.tiles.in();
-    copy.compute_at(p.result, eo)
-        .bound_storage(tile[2], 1)
-        .bound_storage(tile[3], 1)
-        .store_in(MemoryType::Stack)
-        .align_storage(tile[0], 2 * width)
-        .vectorize(tile[0])
-        .vectorize(tile[1]);
-    p.tiles.compute_at(copy, tile[2])
-        .store_in(MemoryType::AMXTile)
-        .vectorize(tile[0])
-        .vectorize(tile[1]);
-    p.tiles.update()
-        .reorder(p.k.x, tile[0], tile[1], p.k.y, tile[2], tile[3])
-        .atomic()
-        .vectorize(p.k.x)
-        .vectorize(tile[0])
-        .vectorize(tile[1]);
+    schedule_tile_product(p.tiles, p.k, p.result, eo);
+}
+
+// The masked softmax of an attention tile computed at `tile_loop` of `owner` (its buffers stored
+// at `task_loop`): the row statistics, rfactored into vector-wide partial results; the
+// exponentials.
+inline void schedule_softmax_tile(const StageVars &v, MaskedSoftmax &sm, Halide::Func owner,
+                                  const Halide::Var &task_loop, const Halide::Var &tile_loop,
+                                  const ScheduleParams &sp) {
+    using namespace Halide;
+    const int vec = sp.vector_lanes;
+    for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
+        RVar rjo("rjo"), rji("rji");
+        Var lane("lane");
+        row.store_at(owner, task_loop).compute_at(owner, tile_loop);
+        // Causal rows reduce over blocks of one vector's keys (ScoreMasks::key_block), whose
+        // lanes become the partial results: split here instead, the visibility predicate would
+        // guard every lane and keep the loop over every key.
+        Func partial = sm.causal ? row.update().rfactor(r.y, lane)
+                                 : row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
+        partial.compute_at(owner, tile_loop).reorder_storage(lane, v.i, v.h, v.b).vectorize(lane);
+        partial.update().vectorize(lane);
+    }
+    sm.exps.store_at(owner, task_loop)
+        .compute_at(owner, tile_loop)
+        .vectorize(v.j, vec, TailStrategy::RoundUp);
+    sm.inv_sum.store_at(owner, task_loop).compute_at(owner, tile_loop);
 }
 
 // The attention tile computed at `tile_loop` of `owner` (its buffers stored at `task_loop`):
 // Q·Kᵀ for the tile's query rows against every key, in register tiles of qk_vectors x
-// `qk_rows`; the masked softmax's row statistics, rfactored into vector-wide partial results;
-// its exponentials. Returns the Q·Kᵀ tile buffer.
+// `qk_rows`; the masked softmax (schedule_softmax_tile). Returns the Q·Kᵀ tile buffer.
 inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &scores,
                                             MaskedSoftmax &sm, Halide::Func owner,
                                             const Halide::Var &task_loop,
@@ -150,21 +178,99 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
         .unroll(ji)
         .unroll(qii);
     schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {scores.c.x}, vec);
-    for (auto [row, r] : {std::pair{sm.row_max, sm.max_j}, {sm.row_sum, sm.sum_j}}) {
-        RVar rjo("rjo"), rji("rji");
-        Var lane("lane");
-        row.store_at(owner, task_loop).compute_at(owner, tile_loop);
-        // Causal rows reduce over blocks of one vector's keys (ScoreMasks::key_block), whose
-        // lanes become the partial results: split here instead, the visibility predicate would
-        // guard every lane and keep the loop over every key.
-        Func partial = sm.causal ? row.update().rfactor(r.y, lane)
-                                 : row.update().split(r.x, rjo, rji, vec).rfactor(rji, lane);
-        partial.compute_at(owner, tile_loop).reorder_storage(lane, v.i, v.h, v.b).vectorize(lane);
-        partial.update().vectorize(lane);
-    }
-    sm.exps.store_at(owner, task_loop).compute_at(owner, tile_loop).vectorize(v.j, vec, whole);
-    sm.inv_sum.store_at(owner, task_loop).compute_at(owner, tile_loop);
+    schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
     return score_tiles;
+}
+
+// The attention core in the tiled form (tiled_scaled_scores, tiled_attend_values) on the matrix
+// engine, per (batch x head, tile of 16 queries): the tile's queries staged as bf16 strips, its
+// scores against every key as tile products, the masked softmax in f32, its weights staged as bf16
+// strips, weights·V as tile products. Keys and values are packed as tiles once per call. Without
+// weights requested no [B, H, Sq, Sk] tensor exists; with them, the softmax is the weights
+// output's, per row tile, and weights·V reads them back.
+inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
+                                     const ScheduleParams &sp) {
+    using namespace Halide;
+    const StageVars &v = f.v;
+    const int width = contract::kBf16TileWidth;
+    const auto guard = TailStrategy::GuardWithIf;
+    const Expr query_tiles = (f.query_len + width - 1) / width;
+    const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
+    ScaledScores &scores = f.scores;
+    AttendValues &context = f.context;
+    MaskedSoftmax &sm = f.softmax;
+
+    // Keys and values as tiles, per key head.
+    for (Func packed : {scores.k_tiles, context.v_tiles}) {
+        const std::vector<Var> t = packed.args();  // (pair, lane, index)
+        Var pl("pl"), to("to"), ti("ti");
+        packed.compute_root()
+            .fuse(t[0], t[1], pl)
+            .vectorize(pl)
+            .split(t[2], to, ti, 8 * contract::kBf16TileDepth, TailStrategy::GuardWithIf);
+        fork_over_cores(packed, to, sp);
+    }
+
+    // weights·V, stored in merged-head order for the output projection.
+    Var io("io"), ii("ii"), iop("iop"), iot("iot"), co("co"), ci("ci");
+    Func values = context.result;
+    values.compute_root()
+        .bound(v.c, 0, contract::round_up(f.head_dim, width))
+        .align_bounds(v.i, width)
+        .reorder_storage(v.c, v.h, v.i, v.b)
+        .split(v.i, io, ii, width)
+        .split(io, iop, iot, tiles_per_task, guard)
+        .split(v.c, co, ci, width)
+        .reorder(ci, ii, co, iot, iop, v.h, v.b)
+        .vectorize(ci);
+    for (const Var &task : {iop, v.h, v.b}) {
+        fork_over_cores(values, task, sp);
+    }
+    schedule_tile_product(context.tiles, context.j, values, co);
+    context.weight_strips.store_at(values, iop)
+        .compute_at(values, iot)
+        .fold_storage(context.weight_strips.args()[3], 1)
+        .vectorize(context.weight_strips.args()[0]);
+
+    // Scores and softmax per tile of 16 queries: of weights·V, or of the weights output.
+    Func owner = values;
+    Var tile_loop = iot, task_loop = iop;
+    if (weights_are_output) {
+        Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
+        sm.weights.compute_root()
+            .split(v.i, wo, wi, width, guard)
+            .split(wo, wp, wot, tiles_per_task, guard)
+            .reorder(v.j, wi, wot, wp, v.h, v.b)
+            .vectorize(v.j, sp.vector_lanes, guard);
+        for (const Var &task : {wp, v.h, v.b}) {
+            fork_over_cores(sm.weights, task, sp);
+        }
+        owner = sm.weights;
+        tile_loop = wot;
+        task_loop = wp;
+    }
+    Var jo("jo"), ji("ji"), qo("qo"), qi("qi");
+    scores.dot.store_at(owner, task_loop)
+        .compute_at(owner, tile_loop)
+        .align_bounds(v.j, width)
+        .align_bounds(v.i, width)
+        .split(v.j, jo, ji, width)
+        .split(v.i, qo, qi, width)
+        .reorder(ji, qi, jo, qo)
+        .vectorize(ji);
+    schedule_tile_product(scores.tiles, scores.c, scores.dot, jo);
+    scores.q_strips.store_at(owner, task_loop)
+        .compute_at(owner, tile_loop)
+        .fold_storage(scores.q_strips.args()[3], 1)
+        .vectorize(scores.q_strips.args()[0]);
+    schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
+    // A task's tiles reuse one tile's worth of storage.
+    for (Func tile_buffer : {scores.dot, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
+        tile_buffer.fold_storage(v.i, width);
+    }
+    if (f.mask_keys_dense.defined()) {
+        owner.specialize(f.mask_keys_dense);
+    }
 }
 
 // The forward pass. Projections are register-tiled GEMMs. The attention core runs per
@@ -208,6 +314,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         f.out_proj.rows.specialize(f.head_dim == head_dim);
     }
 
+    if (f.scores.tiles.defined()) {
+        schedule_tiled_attention(f, weights_are_output, sp);
+        return;
+    }
     // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
     // Its rows (one per head feature) are kept off multiples of 4 KiB apart, which would alias in
     // L1 while Q·Kᵀ walks down the features.

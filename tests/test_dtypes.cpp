@@ -219,7 +219,8 @@ TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
         const auto want = mha::reference::forward(p);
         EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
                   mha::reference::output_tolerance(p));
-        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), 1e-5);
+        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights),
+                  mha::reference::weights_tolerance(p));
     }
 }
 

@@ -14,7 +14,6 @@ using mha::MaskConvention;
 using mha::reference::Dims;
 using mha::reference::Problem;
 
-constexpr double kWeightsTolerance = 1e-5;  // relative L2 (outputs: output_tolerance)
 
 using ForwardResult = mha::reference::Outputs;
 
@@ -29,7 +28,8 @@ void expect_matches_reference(const Problem &p, bool with_weights) {
     EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
               mha::reference::output_tolerance(p));
     if (with_weights) {
-        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kWeightsTolerance);
+        EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights),
+                  mha::reference::weights_tolerance(p));
     }
 }
 
@@ -43,7 +43,8 @@ TEST(SeedExample, ShapesAndValuesMatchTheArticle) {
     const auto want = mha::reference::forward(p);
     EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
               mha::reference::output_tolerance(p));
-    EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights), kWeightsTolerance);
+    EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights),
+              mha::reference::weights_tolerance(p));
 }
 
 // Awkward sizes: 1, primes, E not a multiple of the vector width, H = 1 (d = E), d = 1.
@@ -285,7 +286,8 @@ TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
         const auto want = mha::reference::forward(problems[t]);
         EXPECT_LT(mha::reference::relative_l2(runs[t].output, want.output),
                   mha::reference::output_tolerance(problems[t]));
-        EXPECT_LT(mha::reference::relative_l2(runs[t].weights, want.weights), kWeightsTolerance);
+        EXPECT_LT(mha::reference::relative_l2(runs[t].weights, want.weights),
+                  mha::reference::weights_tolerance(problems[t]));
     }
 }
 

@@ -16,7 +16,6 @@ using mha::reference::Dims;
 using mha::reference::Problem;
 using mha::testing::MaskSetup;
 
-constexpr double kWeightsTolerance = 1e-5;  // relative L2 (outputs: output_tolerance)
 
 // Awkward sizes: Sq != Sk, one query, one head with d = 96, d = 1, self-attention (fused QKV),
 // batch rows with different key padding (random per row).
@@ -41,7 +40,7 @@ TEST_P(MaskFamilies, MatchReference) {
                       mha::reference::output_tolerance(p));
             if (with_weights) {
                 EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights),
-                          kWeightsTolerance);
+                          mha::reference::weights_tolerance(p));
             }
         }
     }
@@ -85,7 +84,7 @@ TEST_P(CausalAttention, MatchesReference) {
                           mha::reference::output_tolerance(p));
                 if (with_weights) {
                     EXPECT_LT(mha::reference::relative_l2(got.weights, want.weights),
-                              kWeightsTolerance);
+                              mha::reference::weights_tolerance(p));
                 }
             }
         }

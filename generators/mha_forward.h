@@ -85,12 +85,14 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.num_keys = in.num_keys;
     f.mask_keys_dense = in.mask_keys_dense;
     const Halide::Expr Sq = in.query_len, Sk = in.num_keys, B = in.batch;
-    // A projection of `out_features` (padded) outputs in the form the inputs ask for.
+    // A projection of `out_features` (padded) outputs in the form the inputs ask for; tiled, the
+    // input projections are kept in bf16, which is how the attention's tile products read them.
     const auto project = [&](const TokenRows &rows, const Func &weight, const Func &bias,
                              const Halide::Expr &in_features, const Halide::Expr &out_features,
-                             const std::string &name) {
+                             const std::string &name, bool is_input = true) {
         return in.tile_products
-                   ? tiled_projection(v, rows, weight, bias, in_features, out_features, name)
+                   ? tiled_projection(v, rows, weight, bias, in_features, out_features, name,
+                                      is_input)
                    : linear_projection(v, rows, weight, bias, in_features, name);
     };
     const TokenRows query_rows = token_rows(v, in.query, Sq, B, "query_rows");
@@ -141,7 +143,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.softmax = masked_softmax(
         v, sources,
         {in.mask, in.mask_blocks_nonzero, in.additive_mask, visible_keys, in.causal_key_block},
-        in.num_keys);
+        in.num_keys, in.tile_products);
     Func weights = f.softmax.weights;
     if (in.weights_are_output) {
         // The output read back: only inside its bounds, and 0 past the last key for the causal
@@ -159,7 +161,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
                     : attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = project(token_rows(v, f.merged, Sq, B, "merged_rows"), in.out_weight_t,
-                         in.out_bias, in.embed_dim, in.padded, "out_proj");
+                         in.out_bias, in.embed_dim, in.padded, "out_proj", false);
     f.output = token_view(v, f.out_proj.result, Sq, 0, "output_view");
     return f;
 }

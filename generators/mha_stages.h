@@ -124,7 +124,7 @@ inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &
 // lowering wants its tile loads one ramp from one base.
 struct Bf16Tiles {
     Halide::Func tiles;
-    Halide::Expr column_tiles;  // per (head, batch row)
+    Halide::Expr slices, column_tiles;  // column_tiles per (head, batch row)
 };
 inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &features,
                             const Halide::Expr &columns, const Halide::Expr &heads,
@@ -132,7 +132,7 @@ inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &feat
     using namespace Halide;
     const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
     const Expr slices = (features + depth - 1) / depth;
-    Bf16Tiles packed{Func(name), (columns + width - 1) / width};
+    Bf16Tiles packed{Func(name), slices, (columns + width - 1) / width};
     Var pair("pair"), lane("lane"), t("t");
     const Expr kp = t % (depth / 2), kt = (t / (depth / 2)) % slices;
     const Expr column_tile = t / (depth / 2 * slices);
@@ -180,11 +180,13 @@ inline Halide::RDom tile_slices(const Halide::Expr &features, const std::string 
 
 // The same projection as a tile product: the rows staged as strips, the weights given as tiles
 // (weight_tiles(pair, lane, panel x pairs + p), contract::kBf16TileDepth), `out_features` outputs
-// in whole tiles.
+// in whole tiles; with `bf16_result`, rounded to bf16 (for consumers that read them so: half the
+// bytes through memory).
 inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                                    const Halide::Func &weight_tiles, const Halide::Func &bias,
                                    const Halide::Expr &in_features,
-                                   const Halide::Expr &out_features, const std::string &name) {
+                                   const Halide::Expr &out_features, const std::string &name,
+                                   bool bf16_result = false) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth;
     Projection p{Func(name),
@@ -196,7 +198,8 @@ inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                  Func(),
                  out_features};
     p.tiles = tile_product(p.strips, weight_tiles, in_features, p.k, {}, 0, name + "_tiles");
-    p.result(v.e, v.r) = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
+    const Expr y = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
+    p.result(v.e, v.r) = bf16_result ? rounded_to_bf16(y) : y;
     return p;
 }
 
@@ -221,7 +224,8 @@ struct ScaledScores {
     Halide::RDom c;
     // The tiled form only (tiled_scaled_scores): the queries as strips, the keys as tiles, the
     // product's tiles (dot is their view).
-    Halide::Func q_strips, k_tiles, tiles;
+    Halide::Func q_strips, tiles;
+    Bf16Tiles k_tiles;
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
@@ -253,10 +257,9 @@ inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &
     s.result = Func("scaled_scores");
     s.c = tile_slices(head_dim, "scores_c");
     s.q_strips = bf16_strips(q_heads, head_dim, {v.h, v.b}, "q_strips");
-    const Bf16Tiles keys = bf16_tiles(k_heads, head_dim, num_keys, kv_heads, "k_tiles");
-    s.k_tiles = keys.tiles;
-    s.tiles = tile_product(s.q_strips, s.k_tiles, head_dim, s.c, {v.h, v.b},
-                           tile_columns_offset(keys, kv_head_of(v, kv_group), kv_heads, v.b),
+    s.k_tiles = bf16_tiles(k_heads, head_dim, num_keys, kv_heads, "k_tiles");
+    s.tiles = tile_product(s.q_strips, s.k_tiles.tiles, head_dim, s.c, {v.h, v.b},
+                           tile_columns_offset(s.k_tiles, kv_head_of(v, kv_group), kv_heads, v.b),
                            "qk_tiles");
     s.dot(v.j, v.i, v.h, v.b) =
         s.tiles(v.j % width, v.i % width, v.j / width, v.i / width, v.h, v.b);
@@ -303,8 +306,26 @@ struct ScoreMasks {
     int key_block = 1;
 };
 
+// exp(x) for x <= 0 to about 4e-5 relative, for weights rounded to bf16 (2^-9) anyway: 2^n, n the
+// nearest integer to x·log2(e) (truncating x·log2(e) - 1/2 toward zero: it is negative), times a
+// degree-4 Taylor polynomial of e^f, |f| <= ln(2)/2; exactly 0 below -87 (a masked score), as exp
+// is. (Not the round-by-adding-1.5·2^23 trick: Halide's simplifier treats float addition as
+// associative and would cancel it.)
+inline Halide::Expr bf16_exp(const Halide::Expr &x) {
+    using namespace Halide;
+    constexpr float kLowest = -87.0f, kLn2 = 0.69314718f;
+    const Expr t = max(x, kLowest) * (1.0f / kLn2);
+    const Expr n = cast<int32_t>(t - 0.5f);
+    const Expr f = (t - cast<float>(n)) * kLn2;
+    const Expr p = 1.0f + f * (1.0f + f * (0.5f + f * (1.0f / 6 + f * (1.0f / 24))));
+    const Expr two_to_n = reinterpret<float>((n + 127) << 23);
+    return select(x < kLowest, 0.0f, p * two_to_n);
+}
+
+// `approximate_exp`: exponentials by bf16_exp.
 inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scores,
-                                    const ScoreMasks &masks, const Halide::Expr &num_keys) {
+                                    const ScoreMasks &masks, const Halide::Expr &num_keys,
+                                    bool approximate_exp = false) {
     using namespace Halide;
     const auto masked_scores = [&](const Func &source, const std::string &name) {
         Func masked(name);
@@ -359,8 +380,8 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
             select(max_visible, masked_for_max(max_key, v.i, v.h, v.b), Float(32).min()));
     // A NaN score (a NaN or Inf in unmasked data) makes its row NaN, as in PyTorch: max() may
     // skip a NaN and exp() clamps its argument, so without the select a NaN key would weigh 0.
-    const auto nan_preserving_exp = [](const Expr &x) {
-        return select(is_nan(x), x, exp(x));
+    const auto nan_preserving_exp = [approximate_exp](const Expr &x) {
+        return select(is_nan(x), x, approximate_exp ? bf16_exp(x) : exp(x));
     };
     m.exps(v.j, v.i, v.h, v.b) =
         nan_preserving_exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
@@ -387,7 +408,8 @@ struct AttendValues {
     Halide::RDom j;
     // The tiled form only (tiled_attend_values): the weights as strips, the values as tiles, the
     // product's tiles (result is their view).
-    Halide::Func weight_strips, v_tiles, tiles;
+    Halide::Func weight_strips, tiles;
+    Bf16Tiles v_tiles;
 };
 // Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
 // ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
@@ -424,7 +446,8 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
 
 // The same weights·V as a tile product: each query tile's weights staged as bf16 strips over the
 // keys (keys past the last read as zero), each key head's values as tiles, in f32 tiles of 16
-// features x 16 queries. Causal rows run over every key: their hidden keys weigh exactly 0.
+// features x 16 queries, the context rounded to bf16 (what the output projection reads). Causal
+// rows run over every key: their hidden keys weigh exactly 0.
 inline AttendValues tiled_attend_values(const StageVars &v, const Halide::Func &weights,
                                         const Halide::Func &v_heads, const Halide::Expr &head_dim,
                                         const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
@@ -437,13 +460,12 @@ inline AttendValues tiled_attend_values(const StageVars &v, const Halide::Func &
     Func values_by_key("values_by_key");
     values_by_key(v.j, v.c, v.h, v.b) = v_heads(v.c, v.j, v.h, v.b);
     a.weight_strips = bf16_strips(weights, num_keys, {v.h, v.b}, "weight_strips");
-    const Bf16Tiles values = bf16_tiles(values_by_key, num_keys, head_dim, kv_heads, "v_tiles");
-    a.v_tiles = values.tiles;
-    a.tiles = tile_product(a.weight_strips, a.v_tiles, num_keys, a.j, {v.h, v.b},
-                           tile_columns_offset(values, kv_head_of(v, kv_group), kv_heads, v.b),
+    a.v_tiles = bf16_tiles(values_by_key, num_keys, head_dim, kv_heads, "v_tiles");
+    a.tiles = tile_product(a.weight_strips, a.v_tiles.tiles, num_keys, a.j, {v.h, v.b},
+                           tile_columns_offset(a.v_tiles, kv_head_of(v, kv_group), kv_heads, v.b),
                            "pv_tiles");
     a.result(v.c, v.i, v.h, v.b) =
-        a.tiles(v.c % width, v.i % width, v.c / width, v.i / width, v.h, v.b);
+        rounded_to_bf16(a.tiles(v.c % width, v.i % width, v.c / width, v.i / width, v.h, v.b));
     return a;
 }
 

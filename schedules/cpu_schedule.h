@@ -86,20 +86,28 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
 }
 
 // A tile product (tile_product) on the matrix engine (x86 AMX), read by `consumer` whose loop `at`
-// runs over one output tile: the tile accumulated in a tile register over every slice and copied
-// out through a 16 x 16 stack buffer. Every extent the tile loads and stores see is a constant,
-// as the AMX lowering needs: consumers read whole tiles through the product's % and / views.
+// runs over one output tile: the tile accumulated in a tile register over every slice, then
+// stored, into a 16 x 16 stack buffer that the consumer reads, or with `stored_by_consumer`
+// straight into the consumer, which must be a plain view of the tiles vectorized over one whole
+// tile. Every extent the tile loads and stores see is a constant, as the AMX lowering needs:
+// consumers read whole tiles through the product's % and / views.
 inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halide::Func consumer,
-                                  const Halide::Var &at) {
+                                  const Halide::Var &at, bool stored_by_consumer = false) {
     using namespace Halide;
     const std::vector<Var> tile = acc.args();  // (lane, row, column tile, row tile, outer...)
-    Func copy = acc.in(consumer);
-    copy.compute_at(consumer, at).store_in(MemoryType::Stack);
-    for (size_t d = 2; d < tile.size(); d++) {
-        copy.bound_storage(tile[d], 1);
+    LoopLevel tile_level(consumer, at);
+    if (!stored_by_consumer) {
+        Func copy = acc.in(consumer);
+        copy.compute_at(consumer, at).store_in(MemoryType::Stack);
+        for (size_t d = 2; d < tile.size(); d++) {
+            copy.bound_storage(tile[d], 1);
+        }
+        copy.align_storage(tile[0], 2 * contract::kBf16TileWidth)
+            .vectorize(tile[0])
+            .vectorize(tile[1]);
+        tile_level = LoopLevel(copy, tile[2]);
     }
-    copy.align_storage(tile[0], 2 * contract::kBf16TileWidth).vectorize(tile[0]).vectorize(tile[1]);
-    acc.compute_at(copy, tile[2])
+    acc.compute_at(tile_level)
         .store_in(MemoryType::AMXTile)
         .vectorize(tile[0])
         .vectorize(tile[1]);
@@ -108,26 +116,27 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
     acc.update().reorder(order).atomic().vectorize(k.x).vectorize(tile[0]).vectorize(tile[1]);
 }
 
-// A projection in the tiled form (tiled_projection) on the matrix engine: a task per strip of 16
-// token rows, staged once in bf16, each output tile a tile product. The outputs are computed over
+// A projection in the tiled form (tiled_projection) on the matrix engine: a task per run of up
+// to 4 strips of 16 token rows, staged once in bf16, each output tile a tile product; the strips
+// of a task take each column of weight tiles in turn, so that all but the first read it from L1.
+// Runs are shorter where that leaves fewer than 8 tasks. The outputs are computed over
 // whole tiles from 0 (the rows rounded up; the features are padded already).
 inline void schedule_tiled_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth;
-    Var ro("ro"), ri("ri"), eo("eo"), ei("ei");
+    Var ro("ro"), ri("ri"), rb("rb"), eo("eo"), ei("ei");
     const std::vector<Var> strip = p.strips.args();  // (feature, row, slice, strip)
     p.result.compute_root()
         .bound(v.e, 0, p.out_features)
         .bound(v.r, 0, contract::round_up(p.row_count, width))
         .split(v.r, ro, ri, width)
+        .split(ro, rb, ro, clamp(p.row_count / (8 * width), 1, 4), TailStrategy::GuardWithIf)
         .split(v.e, eo, ei, width)
-        .reorder(ei, ri, eo, ro)
+        .reorder(ei, ri, ro, eo, rb)
         .vectorize(ei);
-    fork_over_cores(p.result, ro, sp, LoopWork::streaming);
-    p.strips.compute_at(p.result, ro)
-        .bound_storage(strip[3], 1)
-        .vectorize(strip[0], contract::kBf16TileDepth);
-    schedule_tile_product(p.tiles, p.k, p.result, eo);
+    fork_over_cores(p.result, rb, sp, LoopWork::streaming);
+    p.strips.compute_at(p.result, rb).vectorize(strip[0], contract::kBf16TileDepth);
+    schedule_tile_product(p.tiles, p.k, p.result, ro);
 }
 
 // The masked softmax of an attention tile computed at `tile_loop` of `owner` (its buffers stored
@@ -200,15 +209,27 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     AttendValues &context = f.context;
     MaskedSoftmax &sm = f.softmax;
 
-    // Keys and values as tiles, per key head.
-    for (Func packed : {scores.k_tiles, context.v_tiles}) {
-        const std::vector<Var> t = packed.args();  // (pair, lane, index)
-        Var pl("pl"), to("to"), ti("ti");
-        packed.compute_root()
+    // Keys and values packed as tiles, in loops that read the projections' token rows in order:
+    // a tile's pairs innermost, then the features (of K: its slices; of V: its column tiles) and
+    // the heads, the tokens outermost (of K: its column tiles; of V: its slices). The run-time
+    // divisions that find a tile's place then run once per tile.
+    for (const auto &[packed, tokens_are_columns] :
+         {std::pair{scores.k_tiles, true}, {context.v_tiles, false}}) {
+        Func tiles = packed.tiles;
+        const std::vector<Var> t = tiles.args();  // (pair, lane, index)
+        Var pl("pl"), tile("tile"), pairs("pairs"), slice("slice"), column("column");
+        Var head("head"), column_tile("column_tile");
+        const auto whole = TailStrategy::RoundUp;
+        tiles.compute_root()
             .fuse(t[0], t[1], pl)
             .vectorize(pl)
-            .split(t[2], to, ti, 8 * contract::kBf16TileDepth, TailStrategy::GuardWithIf);
-        fork_over_cores(packed, to, sp);
+            .split(t[2], tile, pairs, contract::kBf16TileDepth / 2, whole)
+            .split(tile, column, slice, packed.slices, whole)
+            .split(column, head, column_tile, packed.column_tiles, whole);
+        const Var &token = tokens_are_columns ? column_tile : slice;
+        const Var &feature = tokens_are_columns ? slice : column_tile;
+        tiles.reorder(pl, pairs, feature, head, token);
+        fork_over_cores(tiles, token, sp);
     }
 
     // weights·V, stored in merged-head order for the output projection.
@@ -257,8 +278,9 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .split(v.j, jo, ji, width)
         .split(v.i, qo, qi, width)
         .reorder(ji, qi, jo, qo)
-        .vectorize(ji);
-    schedule_tile_product(scores.tiles, scores.c, scores.dot, jo);
+        .vectorize(ji)
+        .vectorize(qi);
+    schedule_tile_product(scores.tiles, scores.c, scores.dot, jo, true);
     scores.q_strips.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)
         .fold_storage(scores.q_strips.args()[3], 1)

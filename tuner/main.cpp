@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
     }
     app.add_option("--isa", isa_name,
                    "the instruction set to tune (a matrix engine's: its bf16 kernels, whose "
-                   "attention stages take the parameters)")
+                   "tile products take only tasks_per_head and parallel)")
         ->required()
         ->check(CLI::IsMember(isa_names))
         ->type_name("ISA");

@@ -12,13 +12,9 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
             vectors.push_back(v);
         }
     }
-    // A matrix engine's projections are tile products that these parameters do not shape.
-    const bool tiled = isa.dtype != DType::f32;
-    values_ = {{"proj_vectors", tiled ? std::vector{defaults_.proj_vectors} : vectors},
-               {"proj_rows",
-                tiled ? std::vector{defaults_.proj_rows} : std::vector{2, 3, 4, 6, 8, 12, 14}},
-               {"proj_block_tiles",
-                tiled ? std::vector{defaults_.proj_block_tiles} : std::vector{4, 8, 16, 32, 64}},
+    values_ = {{"proj_vectors", vectors},
+               {"proj_rows", {2, 3, 4, 6, 8, 12, 14}},
+               {"proj_block_tiles", {4, 8, 16, 32, 64}},
                {"attention_rows", {4, 8, 12, 16, 24}},
                {"tasks_per_head", {1, 2, 4, 8}},
                {"qk_vectors", vectors},
@@ -27,6 +23,15 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
                {"pv_rows", {1, 2, 3, 4, 6, 8, 12}},
                {"materialize_weights", {0, 1}},
                {"parallel", {0, 1, 2}}};
+    // A matrix engine's kernels are tile products (projections, Q·Kᵀ, weights·V) in 16 x 16
+    // tiles, which only the task split and the parallel loops of these parameters shape.
+    if (isa.dtype != DType::f32) {
+        for (const auto &[name, field] : cpu::ScheduleParams::kTunables) {
+            if (name != "tasks_per_head" && name != "parallel") {
+                values_.at(name) = {defaults_.*field};
+            }
+        }
+    }
 }
 
 bool SearchSpace::plausible(const cpu::ScheduleParams &p) const {

@@ -90,10 +90,9 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     const auto project = [&](const TokenRows &rows, const Func &weight, const Func &bias,
                              const Halide::Expr &in_features, const Halide::Expr &out_features,
                              const std::string &name, bool is_input = true) {
-        return in.tile_products
-                   ? tiled_projection(v, rows, weight, bias, in_features, out_features, name,
-                                      is_input)
-                   : linear_projection(v, rows, weight, bias, in_features, name);
+        return in.tile_products ? tiled_projection(v, rows, weight, bias, in_features, out_features,
+                                                   name, is_input)
+                                : linear_projection(v, rows, weight, bias, in_features, name);
     };
     const TokenRows query_rows = token_rows(v, in.query, Sq, B, "query_rows");
     if (in.qkv_weight_t.defined()) {
@@ -122,10 +121,9 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
     f.v_heads = split_heads(v, f.v_proj, f.head_dim, "v_heads");
     const Halide::Expr group = in.embed_dim / in.head_dim / in.kv_heads;
-    f.scores = in.tile_products
-                   ? tiled_scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, in.num_keys,
-                                         in.kv_heads, group)
-                   : scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "", group);
+    f.scores = in.tile_products ? tiled_scaled_scores(v, f.q_heads, f.k_heads, f.head_dim,
+                                                      in.num_keys, in.kv_heads, group)
+                                : scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "", group);
     ScoreSources sources{f.scores.result, f.scores.result, f.scores.result};
     if (in.recompute_scores) {
         f.stat_scores = {scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_max", group),
@@ -155,10 +153,9 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
             visible_keys.defined() ? Halide::select(v.j < visible_keys, read, 0.0f) : read;
     }
     f.weights_for_values = weights;
-    f.context = in.tile_products
-                    ? tiled_attend_values(v, weights, f.v_heads, f.head_dim, in.num_keys,
-                                          in.kv_heads, group)
-                    : attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
+    f.context = in.tile_products ? tiled_attend_values(v, weights, f.v_heads, f.head_dim,
+                                                       in.num_keys, in.kv_heads, group)
+                                 : attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
     f.merged = merge_heads(v, f.context.result, f.head_dim);
     f.out_proj = project(token_rows(v, f.merged, Sq, B, "merged_rows"), in.out_weight_t,
                          in.out_bias, in.embed_dim, in.padded, "out_proj", false);

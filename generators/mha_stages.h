@@ -110,9 +110,9 @@ inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &
     read.insert(read.end(), outer.begin(), outer.end());
     const Expr value = source(read);
     Func strips(name);
-    strips(args) = select(kt * depth + kk < features,
-                          value.type().is_bfloat() ? value : rounded_to_bf16(value),
-                          cast(BFloat(16), 0.0f));
+    strips(args) =
+        select(kt * depth + kk < features,
+               value.type().is_bfloat() ? value : rounded_to_bf16(value), cast(BFloat(16), 0.0f));
     return strips;
 }
 
@@ -140,9 +140,9 @@ inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &feat
     const Expr feature = kt * depth + 2 * kp + pair;
     const Expr value =
         source(min(feature, features - 1), ct * width + lane, head % heads, head / heads);
-    packed.tiles(pair, lane, t) = select(feature < features,
-                                         value.type().is_bfloat() ? value : rounded_to_bf16(value),
-                                         cast(BFloat(16), 0.0f));
+    packed.tiles(pair, lane, t) =
+        select(feature < features, value.type().is_bfloat() ? value : rounded_to_bf16(value),
+               cast(BFloat(16), 0.0f));
     return packed;
 }
 inline Halide::Expr tile_columns_offset(const Bf16Tiles &packed, const Halide::Expr &head,
@@ -167,8 +167,9 @@ inline Halide::Func tile_product(const Halide::Func &strips, const Halide::Func 
     a.insert(a.end(), outer.begin(), outer.end());
     Func acc(name);
     acc(args) = 0.0f;
-    acc(args) += cast<float>(strips(a)) *
-                 cast<float>(tiles(k.x % 2, lane, (((ct + tiles_offset) * slices + k.y) * depth + k.x) / 2));
+    acc(args) +=
+        cast<float>(strips(a)) *
+        cast<float>(tiles(k.x % 2, lane, (((ct + tiles_offset) * slices + k.y) * depth + k.x) / 2));
     return acc;
 }
 
@@ -189,14 +190,10 @@ inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                                    bool bf16_result = false) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth;
-    Projection p{Func(name),
-                 tile_slices(in_features, name + "_k"),
-                 rows.func,
-                 weight_tiles,
-                 rows.count,
-                 bf16_strips(rows.func, in_features, {}, name + "_strips"),
-                 Func(),
-                 out_features};
+    Projection p{Func(name), tile_slices(in_features, name + "_k"),
+                 rows.func,  weight_tiles,
+                 rows.count, bf16_strips(rows.func, in_features, {}, name + "_strips"),
+                 Func(),     out_features};
     p.tiles = tile_product(p.strips, weight_tiles, in_features, p.k, {}, 0, name + "_tiles");
     const Expr y = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
     p.result(v.e, v.r) = bf16_result ? rounded_to_bf16(y) : y;
@@ -263,8 +260,7 @@ inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &
                            "qk_tiles");
     s.dot(v.j, v.i, v.h, v.b) =
         s.tiles(v.j % width, v.i % width, v.j / width, v.i / width, v.h, v.b);
-    s.result(v.j, v.i, v.h, v.b) =
-        s.dot(v.j, v.i, v.h, v.b) * (1.0f / sqrt(cast<float>(head_dim)));
+    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * (1.0f / sqrt(cast<float>(head_dim)));
     return s;
 }
 

@@ -107,10 +107,7 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
             .vectorize(tile[1]);
         tile_level = LoopLevel(copy, tile[2]);
     }
-    acc.compute_at(tile_level)
-        .store_in(MemoryType::AMXTile)
-        .vectorize(tile[0])
-        .vectorize(tile[1]);
+    acc.compute_at(tile_level).store_in(MemoryType::AMXTile).vectorize(tile[0]).vectorize(tile[1]);
     std::vector<VarOrRVar> order = {k.x, tile[0], tile[1], k.y};
     order.insert(order.end(), tile.begin() + 2, tile.end());
     acc.update().reorder(order).atomic().vectorize(k.x).vectorize(tile[0]).vectorize(tile[1]);

@@ -14,7 +14,6 @@ using mha::MaskConvention;
 using mha::reference::Dims;
 using mha::reference::Problem;
 
-
 using ForwardResult = mha::reference::Outputs;
 
 // Runs the library's forward pass on `p`, with or without the weights.

@@ -16,7 +16,6 @@ using mha::reference::Dims;
 using mha::reference::Problem;
 using mha::testing::MaskSetup;
 
-
 // Awkward sizes: Sq != Sk, one query, one head with d = 96, d = 1, self-attention (fused QKV),
 // batch rows with different key padding (random per row).
 const Dims kDims[] = {

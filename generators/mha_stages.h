@@ -6,6 +6,7 @@
 // output feature innermost, so a projection reads contiguous weight rows.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,12 @@ struct Bf16Tiles {
     Halide::Func tiles;
     Halide::Expr slices, column_tiles;  // column_tiles per (head, batch row)
 };
+// A tile product's three stages: the left operand's strips, the right operand packed, the tiles.
+struct HeadTileProduct {
+    Halide::Func strips;
+    Bf16Tiles packed;
+    Halide::Func tiles;
+};
 inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &features,
                             const Halide::Expr &columns, const Halide::Expr &heads,
                             const std::string &name) {
@@ -179,6 +186,16 @@ inline Halide::RDom tile_slices(const Halide::Expr &features, const std::string 
     return Halide::RDom({{0, depth}, {0, (features + depth - 1) / depth}}, name);
 }
 
+// The value at (column, row, outer...) of a tile product's tiles (tile_product).
+inline Halide::Expr tile_element(const Halide::Func &tiles, const Halide::Expr &column,
+                                 const Halide::Expr &row,
+                                 const std::vector<Halide::Expr> &outer = {}) {
+    const int width = contract::kBf16TileWidth;
+    std::vector<Halide::Expr> at = {column % width, row % width, column / width, row / width};
+    at.insert(at.end(), outer.begin(), outer.end());
+    return tiles(at);
+}
+
 // The same projection as a tile product: the rows staged as strips, the weights given as tiles
 // (weight_tiles(pair, lane, panel x pairs + p), contract::kBf16TileDepth), `out_features` outputs
 // in whole tiles; with `bf16_result`, rounded to bf16 (for consumers that read them so: half the
@@ -189,13 +206,12 @@ inline Projection tiled_projection(const StageVars &v, const TokenRows &rows,
                                    const Halide::Expr &out_features, const std::string &name,
                                    bool bf16_result = false) {
     using namespace Halide;
-    const int width = contract::kBf16TileWidth;
     Projection p{Func(name), tile_slices(in_features, name + "_k"),
                  rows.func,  weight_tiles,
                  rows.count, bf16_strips(rows.func, in_features, {}, name + "_strips"),
                  Func(),     out_features};
     p.tiles = tile_product(p.strips, weight_tiles, in_features, p.k, {}, 0, name + "_tiles");
-    const Expr y = p.tiles(v.e % width, v.r % width, v.e / width, v.r / width) + bias(v.e);
+    const Expr y = tile_element(p.tiles, v.e, v.r) + bias(v.e);
     p.result(v.e, v.r) = bf16_result ? rounded_to_bf16(y) : y;
     return p;
 }
@@ -221,8 +237,7 @@ struct ScaledScores {
     Halide::RDom c;
     // The tiled form only (tiled_scaled_scores): the queries as strips, the keys as tiles, the
     // product's tiles (dot is their view).
-    Halide::Func q_strips, tiles;
-    Bf16Tiles k_tiles;
+    HeadTileProduct tiled;
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
@@ -240,6 +255,24 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
     return s;
 }
 
+// An attention product per (head, batch row) as a tile product: left(feature, row, h, b) staged
+// as strips, right(feature, column, key head, b) packed as tiles once per key head (`columns` of
+// them), over the reduction's `features` (`k` its RDom); `names`: of the strips, the packed tiles
+// and the product.
+inline HeadTileProduct head_tile_product(const StageVars &v, const Halide::Func &left,
+                                         const Halide::Func &right, const Halide::Expr &features,
+                                         const Halide::Expr &columns, const Halide::RDom &k,
+                                         const Halide::Expr &kv_heads, const Halide::Expr &kv_group,
+                                         const std::array<std::string, 3> &names) {
+    HeadTileProduct p;
+    p.strips = bf16_strips(left, features, {v.h, v.b}, names[0]);
+    p.packed = bf16_tiles(right, features, columns, kv_heads, names[1]);
+    p.tiles = tile_product(p.strips, p.packed.tiles, features, k, {v.h, v.b},
+                           tile_columns_offset(p.packed, kv_head_of(v, kv_group), kv_heads, v.b),
+                           names[2]);
+    return p;
+}
+
 // The same scores as a tile product (see tile_product): each head's query features staged as
 // strips, its key features as tiles (computed once per key head), in f32 tiles of 16 keys x 16
 // queries that `dot` reads.
@@ -248,18 +281,13 @@ inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &
                                         const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
                                         const Halide::Expr &kv_group) {
     using namespace Halide;
-    const int width = contract::kBf16TileWidth;
     ScaledScores s;
     s.dot = Func("qk_dot");
     s.result = Func("scaled_scores");
     s.c = tile_slices(head_dim, "scores_c");
-    s.q_strips = bf16_strips(q_heads, head_dim, {v.h, v.b}, "q_strips");
-    s.k_tiles = bf16_tiles(k_heads, head_dim, num_keys, kv_heads, "k_tiles");
-    s.tiles = tile_product(s.q_strips, s.k_tiles.tiles, head_dim, s.c, {v.h, v.b},
-                           tile_columns_offset(s.k_tiles, kv_head_of(v, kv_group), kv_heads, v.b),
-                           "qk_tiles");
-    s.dot(v.j, v.i, v.h, v.b) =
-        s.tiles(v.j % width, v.i % width, v.j / width, v.i / width, v.h, v.b);
+    s.tiled = head_tile_product(v, q_heads, k_heads, head_dim, num_keys, s.c, kv_heads, kv_group,
+                                {"q_strips", "k_tiles", "qk_tiles"});
+    s.dot(v.j, v.i, v.h, v.b) = tile_element(s.tiled.tiles, v.j, v.i, {v.h, v.b});
     s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * (1.0f / sqrt(cast<float>(head_dim)));
     return s;
 }
@@ -404,8 +432,7 @@ struct AttendValues {
     Halide::RDom j;
     // The tiled form only (tiled_attend_values): the weights as strips, the values as tiles, the
     // product's tiles (result is their view).
-    Halide::Func weight_strips, tiles;
-    Bf16Tiles v_tiles;
+    HeadTileProduct tiled;
 };
 // Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
 // ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
@@ -449,19 +476,15 @@ inline AttendValues tiled_attend_values(const StageVars &v, const Halide::Func &
                                         const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
                                         const Halide::Expr &kv_group) {
     using namespace Halide;
-    const int width = contract::kBf16TileWidth;
     AttendValues a;
     a.result = Func("attend_values");
     a.j = tile_slices(num_keys, "values_j");
     Func values_by_key("values_by_key");
     values_by_key(v.j, v.c, v.h, v.b) = v_heads(v.c, v.j, v.h, v.b);
-    a.weight_strips = bf16_strips(weights, num_keys, {v.h, v.b}, "weight_strips");
-    a.v_tiles = bf16_tiles(values_by_key, num_keys, head_dim, kv_heads, "v_tiles");
-    a.tiles = tile_product(a.weight_strips, a.v_tiles.tiles, num_keys, a.j, {v.h, v.b},
-                           tile_columns_offset(a.v_tiles, kv_head_of(v, kv_group), kv_heads, v.b),
-                           "pv_tiles");
+    a.tiled = head_tile_product(v, weights, values_by_key, num_keys, head_dim, a.j, kv_heads,
+                                kv_group, {"weight_strips", "v_tiles", "pv_tiles"});
     a.result(v.c, v.i, v.h, v.b) =
-        rounded_to_bf16(a.tiles(v.c % width, v.i % width, v.c / width, v.i / width, v.h, v.b));
+        rounded_to_bf16(tile_element(a.tiled.tiles, v.c, v.i, {v.h, v.b}));
     return a;
 }
 

@@ -7,6 +7,7 @@
 // Only the pipeline's outputs are written with guarded tails.
 #pragma once
 
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -188,6 +189,26 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
     return score_tiles;
 }
 
+// The attention weights as the pipeline's output, computed once in tiles of `rows` queries, a run
+// of `tiles_per_task` tiles per task. Returns its (task, tile) loops, where each tile's scores and
+// softmax go.
+inline std::pair<Halide::Var, Halide::Var> schedule_weights_output(
+    const StageVars &v, MaskedSoftmax &sm, int rows, const Halide::Expr &tiles_per_task,
+    const ScheduleParams &sp) {
+    using namespace Halide;
+    const auto guard = TailStrategy::GuardWithIf;
+    Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
+    sm.weights.compute_root()
+        .split(v.i, wo, wi, rows, guard)
+        .split(wo, wp, wot, tiles_per_task, guard)
+        .reorder(v.j, wi, wot, wp, v.h, v.b)
+        .vectorize(v.j, sp.vector_lanes, guard);
+    for (const Var &task : {wp, v.h, v.b}) {
+        fork_over_cores(sm.weights, task, sp);
+    }
+    return {wp, wot};
+}
+
 // The attention core in the tiled form (tiled_scaled_scores, tiled_attend_values) on the matrix
 // engine, per (batch x head, tile of 16 queries): the tile's queries staged as bf16 strips, its
 // scores against every key as tile products, the masked softmax in f32, its weights staged as bf16
@@ -211,7 +232,7 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     // the heads, the tokens outermost (of K: its column tiles; of V: its slices). The run-time
     // divisions that find a tile's place then run once per tile.
     for (const auto &[packed, tokens_are_columns] :
-         {std::pair{scores.k_tiles, true}, {context.v_tiles, false}}) {
+         {std::pair{scores.tiled.packed, true}, {context.tiled.packed, false}}) {
         Func tiles = packed.tiles;
         const std::vector<Var> t = tiles.args();  // (pair, lane, index)
         Var pl("pl"), tile("tile"), pairs("pairs"), slice("slice"), column("column");
@@ -244,28 +265,18 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     for (const Var &task : {iop, v.h, v.b}) {
         fork_over_cores(values, task, sp);
     }
-    schedule_tile_product(context.tiles, context.j, values, co);
-    context.weight_strips.store_at(values, iop)
+    schedule_tile_product(context.tiled.tiles, context.j, values, co);
+    context.tiled.strips.store_at(values, iop)
         .compute_at(values, iot)
-        .fold_storage(context.weight_strips.args()[3], 1)
-        .vectorize(context.weight_strips.args()[0]);
+        .fold_storage(context.tiled.strips.args()[3], 1)
+        .vectorize(context.tiled.strips.args()[0]);
 
     // Scores and softmax per tile of 16 queries: of weights·V, or of the weights output.
     Func owner = values;
     Var tile_loop = iot, task_loop = iop;
     if (weights_are_output) {
-        Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
-        sm.weights.compute_root()
-            .split(v.i, wo, wi, width, guard)
-            .split(wo, wp, wot, tiles_per_task, guard)
-            .reorder(v.j, wi, wot, wp, v.h, v.b)
-            .vectorize(v.j, sp.vector_lanes, guard);
-        for (const Var &task : {wp, v.h, v.b}) {
-            fork_over_cores(sm.weights, task, sp);
-        }
         owner = sm.weights;
-        tile_loop = wot;
-        task_loop = wp;
+        std::tie(task_loop, tile_loop) = schedule_weights_output(v, sm, width, tiles_per_task, sp);
     }
     Var jo("jo"), ji("ji"), qo("qo"), qi("qi");
     scores.dot.store_at(owner, task_loop)
@@ -277,11 +288,11 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .reorder(ji, qi, jo, qo)
         .vectorize(ji)
         .vectorize(qi);
-    schedule_tile_product(scores.tiles, scores.c, scores.dot, jo, true);
-    scores.q_strips.store_at(owner, task_loop)
+    schedule_tile_product(scores.tiled.tiles, scores.c, scores.dot, jo, true);
+    scores.tiled.strips.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)
-        .fold_storage(scores.q_strips.args()[3], 1)
-        .vectorize(scores.q_strips.args()[0]);
+        .fold_storage(scores.tiled.strips.args()[3], 1)
+        .vectorize(scores.tiled.strips.args()[0]);
     schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
     // A task's tiles reuse one tile's worth of storage.
     for (Func tile_buffer : {scores.dot, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
@@ -333,7 +344,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         f.out_proj.rows.specialize(f.head_dim == head_dim);
     }
 
-    if (f.scores.tiles.defined()) {
+    if (f.scores.tiled.tiles.defined()) {
         schedule_tiled_attention(f, weights_are_output, sp);
         return;
     }
@@ -394,18 +405,9 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     Func tile_owner = context_tiles;
     Var tile_loop = iot, task_loop = iop;
     if (weights_are_output) {
-        Var wo("wo"), wi("wi"), wp("wp"), wot("wot");
-        sm.weights.compute_root()
-            .split(v.i, wo, wi, sp.attention_rows, guard)
-            .split(wo, wp, wot, tiles_per_task, guard)
-            .reorder(v.j, wi, wot, wp, v.h, v.b)
-            .vectorize(v.j, vec, guard);
-        for (const Var &task : {wp, v.h, v.b}) {
-            fork_over_cores(sm.weights, task, sp);
-        }
         tile_owner = sm.weights;
-        tile_loop = wot;
-        task_loop = wp;
+        std::tie(task_loop, tile_loop) =
+            schedule_weights_output(v, sm, sp.attention_rows, tiles_per_task, sp);
     } else if (sp.materialize_weights) {
         sm.weights.store_at(context_tiles, iop)
             .compute_at(context_tiles, iot)

@@ -59,4 +59,5 @@ configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/mhaConfig.cmake.in
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/mhaConfigVersion.cmake
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/mhaConfig.cmake ${PROJECT_BINARY_DIR}/mhaConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/MhaCpuArch.cmake
         DESTINATION ${MHA_INSTALL_CMAKEDIR})

@@ -40,7 +40,15 @@ if (MHA_GPU_KERNELS)
 else ()
     set(emit_gpu 0)
 endif ()
-# Compiled once, here; the tests run the same executable.
+# The CPU architecture of the build's kernels: its compiler's.
+include(${CMAKE_CURRENT_LIST_DIR}/MhaCpuArch.cmake)
+mha_cpu_arch(MHA_CPU_ARCH)
+if (NOT MHA_CPU_ARCH)
+    message(FATAL_ERROR "no CPU kernels are made for ${CMAKE_SYSTEM_PROCESSOR} "
+                        "(contract/mha_contract.h, kCpuArches: x86-64 and arm64)")
+endif ()
+# Compiled once, here, with the build's compiler (a cross build runs it under its
+# CMAKE_CROSSCOMPILING_EMULATOR); the tests run the same executable.
 set(MHA_EMITTER ${PROJECT_BINARY_DIR}/emit_kernels)
 try_compile(emit_compiled
             SOURCES ${MHA_EMITTER_SOURCES}
@@ -53,7 +61,8 @@ try_compile(emit_compiled
 if (NOT emit_compiled)
     message(FATAL_ERROR "contract/emit_kernels.cpp does not compile:\n${emit_compile_output}")
 endif ()
-execute_process(COMMAND ${MHA_EMITTER} --tuned-dir ${PROJECT_SOURCE_DIR}/schedules/tuned
+execute_process(COMMAND ${CMAKE_CROSSCOMPILING_EMULATOR} ${MHA_EMITTER} --arch ${MHA_CPU_ARCH}
+                        --tuned-dir ${PROJECT_SOURCE_DIR}/schedules/tuned
                         --schedule-hash ${MHA_SCHEDULE_HASH} --gpu ${emit_gpu}
                         --out-dir ${MHA_KERNELS_DIR}
                 RESULT_VARIABLE emit_result OUTPUT_VARIABLE emit_output ERROR_VARIABLE emit_output)

@@ -80,29 +80,56 @@ constexpr std::optional<DType> dtype_named(std::string_view name) {
 
 // --- CPU instruction sets ----------------------------------------------------------------
 
-// One set of CPU kernels. The runtime runs the first one this CPU supports (asking Halide's own
-// target check, through a probe kernel built for all of them), capped by MHA_CPU_ISA.
+// The CPU architectures kernels are built for: a build compiles those of one (its compiler's).
+enum class CpuArch { x86_64, arm64 };
+
+constexpr std::string_view cpu_arch_name(CpuArch arch) {
+    return arch == CpuArch::x86_64 ? "x86-64" : "arm64";
+}
+
+inline constexpr std::array kCpuArches = {CpuArch::x86_64, CpuArch::arm64};
+
+constexpr std::optional<CpuArch> cpu_arch_named(std::string_view name) {
+    for (CpuArch arch : kCpuArches) {
+        if (cpu_arch_name(arch) == name) {
+            return arch;
+        }
+    }
+    return std::nullopt;
+}
+
+// One set of CPU kernels. The runtime runs the first one of its architecture this CPU supports
+// (asking Halide's own target check, through a probe kernel built for all of them), capped by
+// MHA_CPU_ISA.
 struct CpuIsa {
+    CpuArch arch;
     std::string_view name;           // what MHA_CPU_ISA, dispatched_isa() and file names use
     std::string_view halide_target;  // features written out, never `host`
     int f32_lanes;                   // f32 lanes of one vector register
     int vector_registers;
-    bool tuned;  // schedules/tuned/<name>.json must exist (mha-tune writes it)
+    // schedules/tuned/<name>.json must exist (mha-tune writes it); an untuned instruction set
+    // reads it when present, and the schedule's defaults for its registers otherwise.
+    bool tuned;
     // What its forward kernels take: f32, or bf16 on a matrix engine (whose other stages run in
     // f32 as on the f32 instruction set below it). A module runs the best instruction set of
     // its dtype the CPU supports; one without (a bf16 module elsewhere) converts to f32.
     DType dtype = DType::f32;
 };
-// Best first; the last f32 one is the fallback that any x86-64 CPU of interest runs.
+// Per architecture best first; the last f32 one of each is the fallback that any CPU of that
+// architecture runs.
 inline constexpr std::array kCpuIsas = {
     // AMX-BF16 (Intel Sapphire Rapids and later): the projections as bf16 tile products.
-    CpuIsa{"amx",
+    CpuIsa{CpuArch::x86_64, "amx",
            "x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-"
            "avxvnni-f16c-fma-sse41",
            16, 32, false, DType::bf16},
-    CpuIsa{"avx512", "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41", 16, 32, true},
-    CpuIsa{"avx2", "x86-64-linux-avx-avx2-f16c-fma-sse41", 8, 16, true},
-    CpuIsa{"sse41", "x86-64-linux-sse41", 4, 16, false},
+    CpuIsa{CpuArch::x86_64, "avx512", "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41",
+           16, 32, true},
+    CpuIsa{CpuArch::x86_64, "avx2", "x86-64-linux-avx-avx2-f16c-fma-sse41", 8, 16, true},
+    CpuIsa{CpuArch::x86_64, "sse41", "x86-64-linux-sse41", 4, 16, false},
+    // Every arm64 CPU (ARMv8-A: Graviton, Ampere, Apple, phones). The f32 kernels use none of
+    // the dot-product or fp16 extensions, so one instruction set serves them all.
+    CpuIsa{CpuArch::arm64, "neon", "arm-64-linux", 4, 32, false},
 };
 inline constexpr size_t kCpuIsaCount = kCpuIsas.size();
 
@@ -113,6 +140,17 @@ constexpr std::optional<size_t> cpu_isa_index(std::string_view name) {
         }
     }
     return std::nullopt;
+}
+
+// The architecture this code is compiled for, when kernels are built for it.
+constexpr std::optional<CpuArch> compiled_cpu_arch() {
+#if defined(__x86_64__)
+    return CpuArch::x86_64;
+#elif defined(__aarch64__)
+    return CpuArch::arm64;
+#else
+    return std::nullopt;
+#endif
 }
 
 // Every kernel takes a user_context, through which the runtime routes Halide's errors and

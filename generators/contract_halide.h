@@ -10,10 +10,9 @@
 
 namespace mha {
 
-// The first (best) CPU instruction set of the contract whose features the target has all of;
-// for a target of no contract instruction set (a cross-compiled architecture the runtime does
-// not link), one described from Halide's knowledge of the target, untuned.
-inline contract::CpuIsa cpu_isa_of(const Halide::Target &target) {
+// The first (best) CPU instruction set of the contract whose platform is the target's and whose
+// features the target has all of.
+inline const contract::CpuIsa &cpu_isa_of(const Halide::Target &target) {
     for (const contract::CpuIsa &isa : contract::kCpuIsas) {
         const Halide::Target want(std::string(isa.halide_target));
         const bool same_platform =
@@ -22,8 +21,10 @@ inline contract::CpuIsa cpu_isa_of(const Halide::Target &target) {
             return isa;
         }
     }
-    const bool wide_register_file = target.arch == Halide::Target::ARM && target.bits == 64;
-    return {"other", "", target.natural_vector_size<float>(), wide_register_file ? 32 : 16, false};
+    throw Halide::CompileError(
+        "CPU kernels are built for the CPU instruction sets of "
+        "contract/mha_contract.h (kCpuIsas) only, not " +
+        target.to_string());
 }
 
 inline Halide::Type halide_type_of(contract::ElementType type) {

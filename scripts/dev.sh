@@ -13,6 +13,10 @@
 #                                      the Python package; writes a table and a plot (PNG)
 #   scripts/dev.sh stmt KERNEL         write Halide's HTML statement view and assembly of one
 #                                      kernel (names: build/cli/mha --list-kernels)
+#   scripts/dev.sh cross arm64 [ctest options]
+#                                      build the CPU libraries, `mha` and the emulated tests for
+#                                      arm64 (build-arm64, with the host build's generators) and
+#                                      run the tests under qemu-aarch64-static
 #   scripts/dev.sh gpu-bundle         build build/gpu-bundle: the GPU test and benchmark programs
 #                                      and scripts that bench/gpu_check.sh runs on a GPU machine
 #   scripts/dev.sh fuzz [libFuzzer options]
@@ -34,7 +38,8 @@ torch_requirements=(torch==2.15.0 onnxruntime==1.32.0 onnx==1.23.2 numpy==2.4.6
                     transformers==5.24.0 matplotlib==3.11.2 pytest==9.2.0 atheris==3.0.0)
 debian_packages=(g++ python3 python3-venv libfmt-dev libgtest-dev libbenchmark-dev
                  libcli11-dev nlohmann-json3-dev pocl-opencl-icd ocl-icd-opencl-dev
-                 libopenblas-dev binutils clang-format pkgconf clang libclang-rt-14-dev)
+                 libopenblas-dev binutils clang-format pkgconf clang libclang-rt-14-dev
+                 g++-aarch64-linux-gnu qemu-user-static)
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
@@ -79,6 +84,30 @@ configure_and_build() {
     "$venv/bin/cmake" --build "$build"
 }
 
+# cross_build ARCH: the CPU libraries, `mha` and the emulated tests for another architecture, in
+# $build-ARCH, configured once with cmake/toolchains/<triple>.cmake and the host build's
+# generators (which must be built first); then its tests under the emulator.
+cross_build() {
+    local triple
+    case "$1" in
+        arm64) triple=aarch64-linux-gnu ;;
+        *) echo "scripts/dev.sh cross: no toolchain for '$1' (arm64 is the one there is)" >&2; exit 2 ;;
+    esac
+    local cross="$build-$1"
+    if [ ! -f "$cross/build.ninja" ]; then
+        log "configuring $cross"
+        # fmt is used header-only, so the host's package configuration serves any architecture.
+        "$venv/bin/cmake" -S "$root" -B "$cross" -G Ninja \
+            -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+            -DCMAKE_TOOLCHAIN_FILE="$root/cmake/toolchains/$triple.cmake" \
+            -DCMAKE_BUILD_TYPE=Release -DMHA_WARNINGS_AS_ERRORS=ON \
+            -Dmha-halide_generators_ROOT="$build" \
+            -DHalide_DIR="$("$venv/bin/python" -c 'import halide; print(halide.install_dir())')/lib64/cmake/Halide" \
+            -Dfmt_DIR="$(dirname "$(dpkg -L libfmt-dev | grep -m1 'fmt-config.cmake$')")"
+    fi
+    "$venv/bin/cmake" --build "$cross"
+}
+
 # install_python_package: `pip install .` into .venv-torch, as a user would (pip builds in an
 # isolated environment with pyproject.toml's build requirements: the CPU kernels and the
 # extension, every time).
@@ -102,6 +131,8 @@ case "$command" in
         install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
+        cross_build arm64
+        "$venv/bin/ctest" --test-dir "$build-arm64" --output-on-failure -j "$(nproc)"
         install_python_package
         (cd "$root/python/tests" && "$torch_venv/bin/python" -m pytest -q -p no:cacheprovider)
         ;;
@@ -132,6 +163,16 @@ case "$command" in
         configure_and_build
         "$venv/bin/cmake" --build "$build" --target "$1.stmt"
         ;;
+    cross)  # scripts/dev.sh cross arm64 [ctest options]
+        [ $# -ge 1 ] || { echo "usage: scripts/dev.sh cross arm64 [ctest options]" >&2; exit 2; }
+        arch=$1
+        shift
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build
+        cross_build "$arch"
+        "$venv/bin/ctest" --test-dir "$build-$arch" --output-on-failure -j "$(nproc)" "$@"
+        ;;
     gpu-bundle)  # what the GPU machine runs: build/gpu-bundle, then gpu_check.sh there
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
@@ -149,7 +190,7 @@ case "$command" in
             "$fuzz/corpus" "$root/tests/fuzz/corpus"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options] | gpu-bundle" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options] | cross arm64 | gpu-bundle" >&2
         exit 2
         ;;
 esac

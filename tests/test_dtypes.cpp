@@ -2,8 +2,10 @@
 // the same rounded inputs and weights, 16-bit weights and outputs, and their errors. This binary
 // also runs every forward, mask, non-finite and decode suite in one dtype (MHA_TEST_DTYPE=bf16
 // or f16, set by tests/CMakeLists.txt), through reference::set_problem_dtype.
-#include <cpuid.h>
 #include <gtest/gtest.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include <cmath>
 #include <cstdlib>
@@ -190,11 +192,15 @@ void expect_16_bit_weights_and_output(DType dtype) {
 // Whether the CPU has AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), asked without
 // Halide.
 bool cpu_has_amx_bf16() {
+#if defined(__x86_64__)
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
         return false;
     }
     return (edx >> 22 & 1) && (edx >> 24 & 1);
+#else
+    return false;
+#endif
 }
 
 // A bf16 module runs the matrix engine's kernels where the CPU has one and MHA_CPU_ISA does not

@@ -102,6 +102,16 @@ int main(int argc, char **argv) {
 
     const mha::contract::CpuIsa &isa =
         mha::contract::kCpuIsas[*mha::contract::cpu_isa_index(isa_name)];
+    // Timings are only worth recording on the hardware itself: never through an emulator (qemu
+    // runs another architecture's kernels here, at speeds that say nothing about its CPUs).
+    if (isa.arch != mha::contract::compiled_cpu_arch()) {
+        fmt::print(stderr,
+                   "mha-tune: --isa {} is an {} instruction set; tuning times kernels on the CPU "
+                   "it runs on, so run mha-tune on an {} machine (not under emulation)\n",
+                   isa_name, mha::contract::cpu_arch_name(isa.arch),
+                   mha::contract::cpu_arch_name(isa.arch));
+        return 1;
+    }
     // Asking for the matrix engine also asks Linux for its tile state, without which it faults.
     if (isa.dtype != mha::DType::f32 && !mha::detail::matrix_isa(isa.dtype)) {
         fmt::print(stderr,

@@ -57,7 +57,7 @@ mha::Linear linear(const FloatArray &weight, const std::optional<FloatArray> &bi
 NB_MODULE(_mha, m) {
     nb::exception<mha::Error>(m, "Error", PyExc_ValueError);
     m.def("dispatched_isa", &mha::dispatched_isa,
-          "The CPU instruction set whose kernels run: avx512, avx2 or sse41.");
+          "The CPU instruction set whose kernels run: avx512, avx2 or sse41 (neon on arm64).");
     m.def("set_num_threads", &mha::set_num_threads, nb::arg("threads"),
           "The CPU kernels' threads (0: HL_NUM_THREADS, else one per core). Call it while no "
           "call runs.");

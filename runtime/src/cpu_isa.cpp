@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#if defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
+#endif
 
 #include <cstdlib>
 #include <optional>
@@ -16,6 +18,9 @@
 
 namespace mha::detail {
 namespace {
+
+// The build's kernels are those of the architecture it is compiled for.
+constexpr contract::CpuArch kArch = *contract::compiled_cpu_arch();
 
 struct IsaChoice {
     std::optional<size_t> isa;
@@ -33,10 +38,12 @@ IsaChoice choose() {
         return {best, ""};
     }
     const std::optional<size_t> capped = contract::cpu_isa_index(cap);
-    if (!capped) {
+    if (!capped || contract::kCpuIsas[*capped].arch != kArch) {
         std::string allowed;
         for (const contract::CpuIsa &isa : contract::kCpuIsas) {
-            allowed += fmt::format("{}{}", allowed.empty() ? "" : ", ", isa.name);
+            if (isa.arch == kArch) {
+                allowed += fmt::format("{}{}", allowed.empty() ? "" : ", ", isa.name);
+            }
         }
         return {std::nullopt,
                 fmt::format("MHA_CPU_ISA is '{}', which is not one of {}", cap, allowed)};
@@ -57,11 +64,15 @@ size_t best_isa() {
 // Linux gives a process AMX's tile data state only when asked (ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA); a tile instruction without it is an illegal instruction.
 bool amx_permitted() {
+#if defined(__x86_64__)
     static const bool permitted = [] {
         constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
         return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
     }();
     return permitted;
+#else
+    return false;
+#endif
 }
 
 }  // namespace
@@ -80,7 +91,8 @@ std::optional<size_t> matrix_isa(DType dtype) {
         return std::nullopt;
     }
     for (size_t isa = best_isa(); isa < contract::kCpuIsas.size(); isa++) {
-        if (contract::kCpuIsas[isa].dtype == dtype && amx_permitted()) {
+        const contract::CpuIsa &candidate = contract::kCpuIsas[isa];
+        if (candidate.arch == kArch && candidate.dtype == dtype && amx_permitted()) {
             return isa;
         }
     }

@@ -1,8 +1,10 @@
 #include "dtype.h"
 
-#include <cpuid.h>
 #include <fmt/format.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#endif
 
 #include <cmath>
 #include <cstring>
@@ -64,9 +66,10 @@ uint16_t float_to_half(float x) {
     return uint16_t(sign | ((rounded - 0x38000000u) >> 13));
 }
 
+#if defined(__x86_64__)
 // F16C converts eight at a time, rounding to nearest even; most x86-64 CPUs of interest have it.
-__attribute__((target("avx,f16c"))) void half_to_float_f16c(const uint16_t *in, float *out,
-                                                            int64_t n) {
+__attribute__((target("avx,f16c"))) void half_to_float_hardware(const uint16_t *in, float *out,
+                                                                int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
@@ -77,8 +80,8 @@ __attribute__((target("avx,f16c"))) void half_to_float_f16c(const uint16_t *in, 
     }
 }
 
-__attribute__((target("avx,f16c"))) void float_to_half_f16c(const float *in, uint16_t *out,
-                                                            int64_t n) {
+__attribute__((target("avx,f16c"))) void float_to_half_hardware(const float *in, uint16_t *out,
+                                                                int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
@@ -91,7 +94,7 @@ __attribute__((target("avx,f16c"))) void float_to_half_f16c(const float *in, uin
 
 // F16C and AVX, and the OS saving the AVX state (CPUID leaf 1, XGETBV), as GCC's and clang's
 // __builtin_cpu_supports would say where they know "f16c" (clang 14 does not).
-bool has_f16c() {
+bool has_half_conversion() {
     static const bool f16c = [] {
         unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
         if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_OSXSAVE) == 0) {
@@ -103,6 +106,26 @@ bool has_f16c() {
     }();
     return f16c;
 }
+
+#elif defined(__aarch64__)
+// ARMv8-A converts in hardware (FCVT, vectorized as FCVTL / FCVTN), rounding to nearest even.
+bool has_half_conversion() { return true; }
+
+void half_to_float_hardware(const uint16_t *in, float *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        __fp16 h;
+        std::memcpy(&h, in + i, sizeof h);
+        out[i] = float(h);
+    }
+}
+
+void float_to_half_hardware(const float *in, uint16_t *out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const __fp16 h = __fp16(in[i]);
+        std::memcpy(out + i, &h, sizeof h);
+    }
+}
+#endif
 
 }  // namespace
 
@@ -128,8 +151,8 @@ void convert(const float *in, bfloat16 *out, int64_t n) {
 void convert(const float16 *in, float *out, int64_t n) {
     static_assert(sizeof(float16) == sizeof(uint16_t));
     const uint16_t *bits = reinterpret_cast<const uint16_t *>(in);
-    if (has_f16c()) {
-        half_to_float_f16c(bits, out, n);
+    if (has_half_conversion()) {
+        half_to_float_hardware(bits, out, n);
         return;
     }
     for (int64_t i = 0; i < n; i++) {
@@ -139,8 +162,8 @@ void convert(const float16 *in, float *out, int64_t n) {
 
 void convert(const float *in, float16 *out, int64_t n) {
     uint16_t *bits = reinterpret_cast<uint16_t *>(out);
-    if (has_f16c()) {
-        float_to_half_f16c(in, bits, n);
+    if (has_half_conversion()) {
+        float_to_half_hardware(in, bits, n);
         return;
     }
     for (int64_t i = 0; i < n; i++) {

@@ -1,9 +1,12 @@
 # cmake -DPROJECT_BUILD=<dir> -DWORK=<dir> -DCONSUMER=<examples/consumer> -DMAKE_PROGRAM=<ninja>
 #       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF]
+#       [-DTOOLCHAIN=<toolchain file> -DEMULATOR=<program|arguments> -DCXX=<compiler>]
 #       -P consume_installed.cmake
 # Installs the project (PROJECT_BUILD, or with SHARED_FROM a BUILD_SHARED_LIBS=ON build of that
 # source tree made here), moves the installed tree elsewhere, then builds and runs
-# examples/consumer against it twice: with find_package(mha) and with pkg-config alone.
+# examples/consumer against it twice: with find_package(mha) and with pkg-config alone. For a
+# cross build's tree, the consumer is built with its toolchain file (and compiler) and run by
+# its emulator ('|' between the emulator's words), and a build for the host is refused by name.
 function(run)
     execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE output
                     ERROR_VARIABLE output)
@@ -13,6 +16,15 @@ function(run)
     endif ()
     set(output "${output}" PARENT_SCOPE)
 endfunction()
+
+set(consumer_toolchain "")
+if (DEFINED TOOLCHAIN)
+    set(consumer_toolchain -DCMAKE_TOOLCHAIN_FILE=${TOOLCHAIN})
+endif ()
+string(REPLACE "|" ";" EMULATOR "${EMULATOR}")
+if (NOT DEFINED CXX)
+    set(CXX c++)
+endif ()
 
 file(REMOVE_RECURSE ${WORK})
 if (DEFINED SHARED_FROM)
@@ -38,9 +50,9 @@ endforeach ()
 # find_package(mha): the consumer sees only the moved tree (no Halide on any search path).
 run(${CMAKE_COMMAND} -S ${CONSUMER} -B ${WORK}/consumer -G Ninja -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}
     -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF)
+    -DCMAKE_FIND_USE_SYSTEM_PACKAGE_REGISTRY=OFF ${consumer_toolchain})
 run(${CMAKE_COMMAND} --build ${WORK}/consumer)
-run(${WORK}/consumer/consumer)
+run(${EMULATOR} ${WORK}/consumer/consumer)
 message(STATUS "consumer (find_package):\n${output}")
 set(cmake_output "${output}")
 
@@ -54,9 +66,9 @@ endif ()
 run(${PKG_CONFIG} --cflags --libs ${packages})
 string(STRIP "${output}" flags)
 separate_arguments(flags UNIX_COMMAND "${flags}")
-run(c++ -std=c++17 -O1 ${CONSUMER}/main.cpp -o ${WORK}/pkgconfig_consumer ${flags}
+run(${CXX} -std=c++17 -O1 ${CONSUMER}/main.cpp -o ${WORK}/pkgconfig_consumer ${flags}
     -Wl,-rpath,${prefix}/lib)
-run(${WORK}/pkgconfig_consumer)
+run(${EMULATOR} ${WORK}/pkgconfig_consumer)
 message(STATUS "consumer (pkg-config ${packages}):\n${output}")
 if (NOT output STREQUAL cmake_output)
     message(FATAL_ERROR "the two consumers disagree")
@@ -67,4 +79,16 @@ if (DEFINED SHARED_FROM AND NOT output MATCHES "libmha\\.so")
     message(FATAL_ERROR "a shared build's consumer does not load libmha.so:\n${output}")
 elseif (NOT DEFINED SHARED_FROM AND output MATCHES "libmha")
     message(FATAL_ERROR "a static build's consumer loads a shared mha library:\n${output}")
+endif ()
+
+# A cross build's package, found by a build for the host, says whose kernels it holds.
+if (DEFINED TOOLCHAIN)
+    execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER} -B ${WORK}/host_consumer -G Ninja
+                            -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM} -DCMAKE_PREFIX_PATH=${prefix}
+                    RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+    string(REGEX REPLACE "[ \n]+" " " output "${output}")  # CMake wraps the message
+    if (result EQUAL 0 OR NOT output MATCHES "holds [a-z0-9-]+ kernels, but this build targets")
+        message(FATAL_ERROR "a host build accepted the cross build's package (${result}):\n${output}")
+    endif ()
+    message(STATUS "a host build refuses it:\n${output}")
 endif ()

@@ -316,11 +316,11 @@ private:
     std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
-// The instruction set whose CPU kernels this process runs: "avx512", "avx2" or "sse41". The
-// library carries all three and runs the best one the CPU supports, as Halide's own target
-// check decides it; setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that choice.
-// Decided once per process; an MHA_CPU_ISA that names none of them raises mha::Error here and
-// in every CPU module's constructor.
+// The instruction set whose f32 CPU kernels this process runs: on x86-64 "avx512", "avx2" or
+// "sse41" (the library carries all three and runs the best one the CPU supports, as Halide's
+// own target check decides it; setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that
+// choice), on arm64 "neon". Decided once per process; an MHA_CPU_ISA that names none of the
+// library's raises mha::Error here and in every CPU module's constructor.
 std::string dispatched_isa();
 
 // The CPU kernels' threads: `threads` from now on, or with 0 what Halide decides (HL_NUM_THREADS,

@@ -115,24 +115,42 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
 }
 
 // A projection in the tiled form (tiled_projection) on the matrix engine: a task per run of up
-// to 4 strips of 16 token rows, staged once in bf16, each output tile a tile product; the strips
-// of a task take each column of weight tiles in turn, so that all but the first read it from L1.
-// Runs are shorter where that leaves fewer than 8 tasks. The outputs are computed over
-// whole tiles from 0 (the rows rounded up; the features are padded already).
+// to 4 strips of 16 token rows, staged once in bf16, and share of the output's column tiles,
+// each output tile a tile product; the strips of a task take each column of weight tiles in
+// turn, so that all but the first read it from L1. Runs are shorter where that leaves fewer
+// than 8 tasks; with fewer than 8 strips (short batches, decode steps), the column tiles are
+// shared out among the tasks instead, so that every core streams its part of the weights. The
+// outputs are computed over whole tiles from 0 (the rows rounded up; the features are padded).
 inline void schedule_tiled_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
-    const int width = contract::kBf16TileWidth;
-    Var ro("ro"), ri("ri"), rb("rb"), eo("eo"), ei("ei");
+    const int width = contract::kBf16TileWidth, tasks = 8;
+    Var ro("ro"), ri("ri"), rb("rb"), eo("eo"), ei("ei"), ec("ec");
     const std::vector<Var> strip = p.strips.args();  // (feature, row, slice, strip)
+    const Expr run = clamp(p.row_count / (tasks * width), 1, 4);
+    const Expr row_tasks = (p.row_count + run * width - 1) / (run * width);
+    const Expr column_tiles = p.out_features / width;
+    const Expr column_tasks = clamp(tasks / row_tasks, 1, column_tiles);
     p.result.compute_root()
         .bound(v.e, 0, p.out_features)
-        .bound(v.r, 0, contract::round_up(p.row_count, width))
-        .split(v.r, ro, ri, width)
-        .split(ro, rb, ro, clamp(p.row_count / (8 * width), 1, 4), TailStrategy::GuardWithIf)
-        .split(v.e, eo, ei, width)
-        .reorder(ei, ri, ro, eo, rb)
-        .vectorize(ei);
-    fork_over_cores(p.result, rb, sp, LoopWork::streaming);
+        .bound(v.r, 0, contract::round_up(p.row_count, width));
+    const auto schedule_tasks = [&](Stage stage, bool share_columns) {
+        stage.split(v.r, ro, ri, width)
+            .split(ro, rb, ro, run, TailStrategy::GuardWithIf)
+            .split(v.e, eo, ei, width);
+        if (share_columns) {
+            stage
+                .split(eo, ec, eo, (column_tiles + column_tasks - 1) / column_tasks,
+                       TailStrategy::GuardWithIf)
+                .reorder(ei, ri, ro, eo, ec, rb);
+            fork_over_cores(stage, ec, sp, LoopWork::streaming);
+        } else {
+            stage.reorder(ei, ri, ro, eo, rb);
+        }
+        stage.vectorize(ei);
+        fork_over_cores(stage, rb, sp, LoopWork::streaming);
+    };
+    schedule_tasks(p.result.specialize(row_tasks < tasks), true);
+    schedule_tasks(p.result, false);
     p.strips.compute_at(p.result, rb).vectorize(strip[0], contract::kBf16TileDepth);
     schedule_tile_product(p.tiles, p.k, p.result, ro);
 }

@@ -180,10 +180,11 @@ struct ProblemShape {
 };
 
 // CPU kernels are compiled (and tuned) per bucket of ProblemShape::token_rows(): a single
-// query against a long context is a large K/V GEMM, not a small one. One token row (a single
-// token's call, a batch-1 decode step) is its own bucket: weight-streaming, microseconds long,
-// where forking the small stages onto other cores may cost more than they take. GPU kernels
-// serve any.
+// query against a long context is a large K/V GEMM, not a small one. Up to 4 token rows (a
+// single token's call, a few sequences' or tokens' worth) are their own bucket: weight-streaming,
+// microseconds long, where forking the small stages onto other cores may cost more than they
+// take (its kernels, tuned on one token, ran 2 to 4 rows 1.1-2.7x faster than the small
+// bucket's; at 8 rows AVX-512's were even or slower: bench/RESULTS.md). GPU kernels serve any.
 enum class ShapeBucket { token, small, medium, large };
 struct BucketSpec {
     ShapeBucket bucket;
@@ -192,7 +193,7 @@ struct BucketSpec {
     ProblemShape tuning_shape;  // what mha-tune searches on
 };
 inline constexpr std::array kShapeBuckets = {
-    BucketSpec{ShapeBucket::token, "token", 1, {1, 1, 1, 384, 12}},
+    BucketSpec{ShapeBucket::token, "token", 4, {1, 1, 1, 384, 12}},
     BucketSpec{ShapeBucket::small, "small", 64, {2, 5, 5, 512, 8}},
     BucketSpec{ShapeBucket::medium, "medium", 1024, {4, 256, 256, 512, 8}},
     BucketSpec{

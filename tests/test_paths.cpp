@@ -82,11 +82,18 @@ TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
 // The CPU kernels are tuned per bucket of the largest projection's token rows, B·max(Sq, Sk):
 // one query against a long context is a large K/V GEMM, not a small one.
 TEST(ShapeBuckets, ChosenByTheLargestProjection) {
+    using mha::contract::ShapeBucket;
+    const auto most = [](ShapeBucket b) {
+        return mha::contract::bucket_spec(b).max_token_rows;
+    };
+    const int64_t token = most(ShapeBucket::token), small = most(ShapeBucket::small);
+    const int64_t medium = most(ShapeBucket::medium);
     const std::pair<Dims, const char *> cases[] = {
-        {Dims{1, 1, 1, 16, 2}, "token"},   {Dims{2, 1, 1, 16, 2}, "small"},
-        {Dims{2, 5, 5, 16, 2}, "small"},   {Dims{1, 1, 64, 16, 2}, "small"},
-        {Dims{1, 1, 65, 16, 2}, "medium"}, {Dims{3, 300, 7, 16, 2}, "medium"},
-        {Dims{1, 1, 1025, 16, 2}, "large"}};
+        {Dims{1, 1, 1, 16, 2}, "token"},          {Dims{token, 1, 1, 16, 2}, "token"},
+        {Dims{1, token, token, 16, 2}, "token"},  {Dims{token + 1, 1, 1, 16, 2}, "small"},
+        {Dims{2, 5, 5, 16, 2}, "small"},          {Dims{1, 1, small, 16, 2}, "small"},
+        {Dims{1, 1, small + 1, 16, 2}, "medium"}, {Dims{3, 300, 7, 16, 2}, "medium"},
+        {Dims{1, 1, medium + 1, 16, 2}, "large"}};
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     for (const auto &[d, bucket] : cases) {
         const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());

@@ -89,15 +89,6 @@ constexpr std::string_view cpu_arch_name(CpuArch arch) {
 
 inline constexpr std::array kCpuArches = {CpuArch::x86_64, CpuArch::arm64};
 
-constexpr std::optional<CpuArch> cpu_arch_named(std::string_view name) {
-    for (CpuArch arch : kCpuArches) {
-        if (cpu_arch_name(arch) == name) {
-            return arch;
-        }
-    }
-    return std::nullopt;
-}
-
 // One set of CPU kernels. The runtime runs the first one of its architecture this CPU supports
 // (asking Halide's own target check, through a probe kernel built for all of them), capped by
 // MHA_CPU_ISA.

@@ -84,9 +84,9 @@ configure_and_build() {
     "$venv/bin/cmake" --build "$build"
 }
 
-# cross_build ARCH: the CPU libraries, `mha` and the emulated tests for another architecture, in
-# $build-ARCH, configured once with cmake/toolchains/<triple>.cmake and the host build's
-# generators (which must be built first); then its tests under the emulator.
+# cross_build ARCH [ctest options]: the CPU libraries, `mha` and the emulated tests for another
+# architecture, in $build-ARCH, configured once with cmake/toolchains/<triple>.cmake and the host
+# build's generators (which must be built first); then its tests under the emulator.
 cross_build() {
     local triple
     case "$1" in
@@ -106,6 +106,8 @@ cross_build() {
             -Dfmt_DIR="$(dirname "$(dpkg -L libfmt-dev | grep -m1 'fmt-config.cmake$')")"
     fi
     "$venv/bin/cmake" --build "$cross"
+    shift
+    "$venv/bin/ctest" --test-dir "$cross" --output-on-failure -j "$(nproc)" "$@"
 }
 
 # install_python_package: `pip install .` into .venv-torch, as a user would (pip builds in an
@@ -132,7 +134,6 @@ case "$command" in
         configure_and_build
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
         cross_build arm64
-        "$venv/bin/ctest" --test-dir "$build-arm64" --output-on-failure -j "$(nproc)"
         install_python_package
         (cd "$root/python/tests" && "$torch_venv/bin/python" -m pytest -q -p no:cacheprovider)
         ;;
@@ -165,13 +166,10 @@ case "$command" in
         ;;
     cross)  # scripts/dev.sh cross arm64 [ctest options]
         [ $# -ge 1 ] || { echo "usage: scripts/dev.sh cross arm64 [ctest options]" >&2; exit 2; }
-        arch=$1
-        shift
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
         configure_and_build
-        cross_build "$arch"
-        "$venv/bin/ctest" --test-dir "$build-$arch" --output-on-failure -j "$(nproc)" "$@"
+        cross_build "$@"
         ;;
     gpu-bundle)  # what the GPU machine runs: build/gpu-bundle, then gpu_check.sh there
         install_debian_packages

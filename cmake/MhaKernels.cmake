@@ -35,6 +35,21 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${PROJECT_SOURCE_DIR}/tools/command_line.h)
 
 file(MAKE_DIRECTORY ${MHA_KERNELS_DIR})
+set(MHA_CPU_ISAS "" CACHE STRING
+    "The CPU instruction sets to compile kernels for, e.g. avx512;avx2 (empty: all of the \
+architecture; the run-time dispatch picks the best of them the CPU supports)")
+# The ASan tests run the kernels of one instruction set, compiled again with Halide's asan
+# feature (each takes 2.5 times as long to compile as without): avx2's, which every x86-64
+# machine the project is tested on has and which is tuned per bucket, so that every bucket's
+# kernels run.
+set(emit_isa_options "")
+if (MHA_SANITIZER_TESTS)
+    list(APPEND emit_isa_options --sanitizer-isa avx2)
+endif ()
+if (MHA_CPU_ISAS)
+    string(REPLACE ";" "," cpu_isas "${MHA_CPU_ISAS}")
+    list(APPEND emit_isa_options --cpu-isas ${cpu_isas})
+endif ()
 if (MHA_GPU_KERNELS)
     set(emit_gpu 1)
 else ()
@@ -62,6 +77,7 @@ if (NOT emit_compiled)
     message(FATAL_ERROR "contract/emit_kernels.cpp does not compile:\n${emit_compile_output}")
 endif ()
 execute_process(COMMAND ${CMAKE_CROSSCOMPILING_EMULATOR} ${MHA_EMITTER} --arch ${MHA_CPU_ARCH}
+                        ${emit_isa_options}
                         --tuned-dir ${PROJECT_SOURCE_DIR}/schedules/tuned
                         --schedule-hash ${MHA_SCHEDULE_HASH} --gpu ${emit_gpu}
                         --out-dir ${MHA_KERNELS_DIR}
@@ -75,10 +91,10 @@ foreach (warning IN LISTS emit_warnings)
 endforeach ()
 
 # mha_kernel(<name> DEVICE <device> GENERATOR <generator> TARGET <halide target>
-#            PARAMS <generator params>): one row of kernels.cmake. Called in the directory that
-# links the kernels into the libraries.
+#            PARAMS <generator params> [SANITIZED]): one row of kernels.cmake. Called in the
+# directory that links the kernels into the libraries.
 function(mha_kernel name)
-    cmake_parse_arguments(PARSE_ARGV 1 ARG "" "DEVICE;GENERATOR;TARGET" "PARAMS")
+    cmake_parse_arguments(PARSE_ARGV 1 ARG "SANITIZED" "DEVICE;GENERATOR;TARGET" "PARAMS")
     add_halide_library(${name} FROM mha_generators
                        GENERATOR ${ARG_GENERATOR}
                        TARGETS ${ARG_TARGET}
@@ -86,9 +102,9 @@ function(mha_kernel name)
                        USE_RUNTIME mha_halide_runtime
                        FUNCTION_INFO_HEADER function_info_header)
     set_property(GLOBAL APPEND PROPERTY MHA_${ARG_DEVICE}_KERNELS ${name})
-    # For the ASan tests and the fuzzer, each CPU kernel again with Halide's asan feature: the
-    # same function, its loads and stores checked by AddressSanitizer.
-    if (MHA_SANITIZER_TESTS AND ARG_DEVICE STREQUAL "cpu")
+    # For the ASan tests and the fuzzer, the kernel again with Halide's asan feature: the same
+    # function, its loads and stores checked by AddressSanitizer.
+    if (ARG_SANITIZED)
         add_halide_library(${name}_asan FROM mha_generators
                            GENERATOR ${ARG_GENERATOR}
                            FUNCTION_NAME ${name}

@@ -1,13 +1,15 @@
 // Run by the configure step (cmake/MhaKernels.cmake): turns the contract and the tuned schedule
 // files into the build's kernel rows and the runtime's kernel tables.
 //
-//   emit_kernels --arch x86-64 --tuned-dir schedules/tuned --schedule-hash H --gpu 1
-//                --out-dir <build>
+//   emit_kernels --arch x86-64 [--cpu-isas avx512,avx2] [--sanitizer-isa avx2]
+//                --tuned-dir schedules/tuned --schedule-hash H --gpu 1 --out-dir <build>
 //
 // writes <out-dir>/kernels.cmake, one mha_kernel(...) row per kernel to compile for the CPU
-// instruction sets of that architecture (and the GPUs), and
+// instruction sets of that architecture (all of them, or those of --cpu-isas) and the GPUs, and
 // <out-dir>/<device>_kernels.cpp, the table of that device's kernels with a compile-time check
-// that each takes the arguments the contract gives its variant. On the CPU, the buckets of one
+// that each takes the arguments the contract gives its variant. The kernels of --sanitizer-isa
+// are marked SANITIZED (compiled again with Halide's asan feature) and have their own table,
+// <out-dir>/cpu_sanitizer_kernels.cpp. On the CPU, the buckets of one
 // instruction set that are tuned to the same parameters share one kernel. Prints "warning: ..."
 // lines for the configure step to show; exits 1 with the reason when a tuned file is missing,
 // malformed or mismatched.
@@ -35,8 +37,9 @@ struct KernelRow {
     int isa = -1;  // index into kCpuIsas, -1 on GPUs
     BucketSet buckets = kAllBuckets;
     KernelVariant variant;
-    std::string target;    // Halide target, kernel features included
-    std::string schedule;  // CPU schedule parameters, "name:value,..."
+    std::string target;      // Halide target, kernel features included
+    std::string schedule;    // CPU schedule parameters, "name:value,..."
+    bool sanitized = false;  // compiled again with Halide's asan feature, for the ASan tests
 };
 
 std::string bool_name(bool b) { return b ? "true" : "false"; }
@@ -130,15 +133,61 @@ std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> cpu_groups(
     return groups;
 }
 
-std::vector<KernelRow> kernel_rows(CpuArch arch, const std::string &tuned_dir,
+// Which of the architecture's instruction sets the build compiles kernels for: `names`, or all
+// when empty. At least one f32 set, since every module runs f32 stages.
+std::vector<bool> selected_isas(CpuArch arch, const std::vector<std::string> &names,
+                                const std::string &sanitizer_isa) {
+    std::vector<bool> selected(kCpuIsas.size(), false);
+    std::string allowed;
+    for (size_t i = 0; i < kCpuIsas.size(); i++) {
+        if (kCpuIsas[i].arch == arch) {
+            selected[i] = names.empty();
+            allowed += (allowed.empty() ? "" : ", ") + std::string(kCpuIsas[i].name);
+        }
+    }
+    for (const std::string &name : names) {
+        const std::optional<size_t> i = cpu_isa_index(name);
+        if (!i || kCpuIsas[*i].arch != arch) {
+            throw std::runtime_error("MHA_CPU_ISAS names '" + name + "', which is not one of " +
+                                     allowed + " (the " + std::string(cpu_arch_name(arch)) +
+                                     " instruction sets)");
+        }
+        selected[*i] = true;
+    }
+    bool any_f32 = false;
+    for (size_t i = 0; i < kCpuIsas.size(); i++) {
+        any_f32 = any_f32 || (selected[i] && kCpuIsas[i].dtype == mha::DType::f32);
+    }
+    if (!any_f32) {
+        throw std::runtime_error(
+            "MHA_CPU_ISAS selects no f32 instruction set, whose kernels "
+            "every module needs: add one of " +
+            allowed);
+    }
+    if (!sanitizer_isa.empty()) {
+        const std::optional<size_t> i = cpu_isa_index(sanitizer_isa);
+        if (!i || !selected[*i]) {
+            throw std::runtime_error("the sanitizer tests instrument the " + sanitizer_isa +
+                                     " kernels, which MHA_CPU_ISAS leaves out: add " +
+                                     sanitizer_isa +
+                                     ", or configure with "
+                                     "-DMHA_SANITIZER_TESTS=OFF");
+        }
+    }
+    return selected;
+}
+
+std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &selected,
+                                   const std::string &sanitizer_isa, const std::string &tuned_dir,
                                    const std::string &schedule_hash, bool gpu,
                                    std::vector<std::string> &warnings) {
     std::vector<KernelRow> rows;
     for (size_t i = 0; i < kCpuIsas.size(); i++) {
         const CpuIsa &isa = kCpuIsas[i];
-        if (isa.arch != arch) {
+        if (!selected[i]) {
             continue;
         }
+        const size_t first_row = rows.size();
         const auto groups = cpu_groups(isa, tuned_dir, schedule_hash, warnings);
         for (const auto &[buckets, params] : groups) {
             for (const KernelVariant &v : kKernelVariants) {
@@ -158,6 +207,9 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::string &tuned_dir,
                                 with_kernel_features(isa.halide_target),
                                 groups.front().second.to_string()});
             }
+        }
+        for (size_t r = first_row; r < rows.size(); r++) {
+            rows[r].sanitized = isa.name == sanitizer_isa;
         }
     }
     for (const GpuTarget &g : kGpuTargets) {
@@ -191,7 +243,8 @@ std::string cmake_rows(CpuArch arch, const std::vector<KernelRow> &rows, bool gp
     for (const KernelRow &r : rows) {
         out << "mha_kernel(" << r.name << " DEVICE " << device_name(r.device) << " GENERATOR "
             << generator_name(r.variant.op) << " TARGET " << r.target << "\n    PARAMS"
-            << generator_params(r.variant, r.schedule) << ")\n";
+            << generator_params(r.variant, r.schedule) << (r.sanitized ? " SANITIZED" : "")
+            << ")\n";
     }
     return out.str();
 }
@@ -203,19 +256,23 @@ std::string variant_initializer(const KernelVariant &v) {
            bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + "}";
 }
 
-std::string device_table(const std::vector<KernelRow> &rows, mha::Device device) {
+// The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the
+// ASan test library's).
+std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
+                         bool sanitized_only = false) {
     const std::string dev(device_name(device));
     std::ostringstream out;
     out << "// Generated by contract/emit_kernels.cpp from contract/mha_contract.h and "
            "schedules/tuned: do not edit.\n// The "
-        << dev << " kernels of the build.\n#include \"kernel_table.h\"\n";
+        << dev << (sanitized_only ? " kernels of the sanitizer tests" : " kernels of the build")
+        << ".\n#include \"kernel_table.h\"\n";
     if (device != mha::Device::cpu) {
         out << "#include \"HalideRuntime" << (device == mha::Device::cuda ? "Cuda" : "OpenCL")
             << ".h\"\n";
     }
     std::ostringstream checks, entries;
     for (const KernelRow &r : rows) {
-        if (r.device != device) {
+        if (r.device != device || (sanitized_only && !r.sanitized)) {
             continue;
         }
         out << "#include \"" << r.name << ".h\"\n#include \"" << r.name << ".function_info.h\"\n";
@@ -265,7 +322,8 @@ void write(const std::string &path, const std::string &text) {
 
 int main(int argc, char **argv) {
     CLI::App app("Writes the build's kernel rows and the runtime's kernel tables", "emit_kernels");
-    std::string tuned_dir, schedule_hash, out_dir;
+    std::string tuned_dir, schedule_hash, out_dir, sanitizer_isa;
+    std::vector<std::string> cpu_isas;
     CpuArch arch = CpuArch::x86_64;
     bool gpu = true;
     std::map<std::string, CpuArch> arch_names;
@@ -274,6 +332,11 @@ int main(int argc, char **argv) {
     }
     app.add_option("--arch", arch, "the CPU architecture of the build's kernels")
         ->transform(CLI::CheckedTransformer(arch_names));
+    app.add_option("--cpu-isas", cpu_isas,
+                   "the instruction sets to compile kernels for (default: all of the architecture)")
+        ->delimiter(',');
+    app.add_option("--sanitizer-isa", sanitizer_isa,
+                   "the instruction set whose kernels the ASan tests run, compiled with asan");
     app.add_option("--tuned-dir", tuned_dir, "schedules/tuned")->required();
     app.add_option("--schedule-hash", schedule_hash, "hash of the schedule code")->required();
     app.add_option("--gpu", gpu, "emit the CUDA and OpenCL kernels (0 or 1)");
@@ -290,9 +353,14 @@ int main(int argc, char **argv) {
         }
         std::vector<std::string> warnings;
         const std::vector<KernelRow> rows =
-            kernel_rows(arch, tuned_dir, schedule_hash, gpu, warnings);
+            kernel_rows(arch, selected_isas(arch, cpu_isas, sanitizer_isa), sanitizer_isa,
+                        tuned_dir, schedule_hash, gpu, warnings);
         write(out_dir + "/kernels.cmake", cmake_rows(arch, rows, gpu));
         write(out_dir + "/cpu_kernels.cpp", device_table(rows, mha::Device::cpu));
+        if (!sanitizer_isa.empty()) {
+            write(out_dir + "/cpu_sanitizer_kernels.cpp",
+                  device_table(rows, mha::Device::cpu, true));
+        }
         for (const GpuTarget &g : kGpuTargets) {
             if (gpu) {
                 write(out_dir + "/" + std::string(device_name(g.device)) + "_kernels.cpp",

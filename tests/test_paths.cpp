@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <iostream>
 #include <random>
+#include <utility>
 
 #include "HalideRuntime.h"
 #include "halide_calls.h"
@@ -27,18 +28,22 @@ void run(const Problem &p, bool with_weights, std::vector<float> &output,
     weights = std::move(r.weights);
 }
 
-// The best ISA this CPU offers among the compiled targets, found without Halide.
+// The best f32 ISA this CPU offers among those the build has kernels for, found without Halide.
 std::string best_isa_of_this_cpu() {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma")) {
-        return "avx512";
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma");
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
+    for (const auto &[isa, supported] :
+         {std::pair{"avx512", avx512}, std::pair{"avx2", avx2}, std::pair{"sse41", true}}) {
+        if (supported && std::any_of(kernels.begin(), kernels.end(),
+                                     [&](const mha::KernelInfo &k) { return k.isa == isa; })) {
+            return isa;
+        }
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        return "avx2";
-    }
-    return "sse41";
+    return "none";
 }
 
 TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {

@@ -7,11 +7,13 @@
 #include <unistd.h>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string>
 
 #include "HalideBuffer.h"
+#include "kernel_table.h"
 #include "mha/mha.h"
 #include "mha_contract.h"
 #include "mha_cpu_isa_probe.h"
@@ -52,6 +54,32 @@ IsaChoice choose() {
     return {std::max(best, *capped), ""};
 }
 
+// Whether the build has kernels of instruction set `isa` (MHA_CPU_ISAS may leave some out).
+bool linked(size_t isa) {
+    const KernelComponent &component = cpu_kernels();
+    return std::any_of(component.kernels, component.kernels + component.count,
+                       [&](const CompiledKernel &k) { return k.isa == int(isa); });
+}
+
+// The best f32 instruction set at or below `best` (those below it are supported whenever it
+// is) that the build has kernels of.
+IsaChoice linked_f32_isa(size_t best) {
+    std::string names;
+    for (size_t isa = 0; isa < contract::kCpuIsas.size(); isa++) {
+        if (isa >= best && linked(isa) && contract::kCpuIsas[isa].dtype == DType::f32) {
+            return {isa, ""};
+        }
+        if (linked(isa)) {
+            names += fmt::format("{}{}", names.empty() ? "" : ", ", contract::kCpuIsas[isa].name);
+        }
+    }
+    return {std::nullopt,
+            fmt::format("this build's CPU kernels are for {} (its MHA_CPU_ISAS), none of which "
+                        "this CPU runs: its best instruction set{} is {}",
+                        names, std::getenv("MHA_CPU_ISA") ? " under MHA_CPU_ISA" : "",
+                        contract::kCpuIsas[best].name)};
+}
+
 // The best instruction set the CPU supports and the cap allows, of any dtype.
 size_t best_isa() {
     static const IsaChoice choice = choose();
@@ -78,12 +106,11 @@ bool amx_permitted() {
 }  // namespace
 
 size_t cpu_isa() {
-    // The instruction sets below a matrix engine's are supported whenever it is.
-    size_t isa = best_isa();
-    while (contract::kCpuIsas[isa].dtype != DType::f32) {
-        isa++;
+    static const IsaChoice choice = linked_f32_isa(best_isa());
+    if (!choice.isa) {
+        throw Error(choice.error);
     }
-    return isa;
+    return *choice.isa;
 }
 
 std::optional<size_t> matrix_isa(DType dtype) {
@@ -92,7 +119,7 @@ std::optional<size_t> matrix_isa(DType dtype) {
     }
     for (size_t isa = best_isa(); isa < contract::kCpuIsas.size(); isa++) {
         const contract::CpuIsa &candidate = contract::kCpuIsas[isa];
-        if (candidate.arch == kArch && candidate.dtype == dtype && amx_permitted()) {
+        if (candidate.arch == kArch && candidate.dtype == dtype && linked(isa) && amx_permitted()) {
             return isa;
         }
     }

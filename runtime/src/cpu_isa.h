@@ -10,13 +10,15 @@ namespace mha::detail {
 
 // The index in contract::kCpuIsas of the best f32 instruction set the CPU supports (as Halide's
 // own target check decides it, through the multi-target probe kernel), capped by the
-// environment's MHA_CPU_ISA when set. Decided once per process; throws mha::Error naming the
-// allowed values when MHA_CPU_ISA is not one of them.
+// environment's MHA_CPU_ISA when set, of those the build has kernels for (MHA_CPU_ISAS).
+// Decided once per process; throws mha::Error naming the allowed values when MHA_CPU_ISA is not
+// one of them, and the build's instruction sets when the CPU runs none of them.
 size_t cpu_isa();
 
 // The instruction set whose forward kernels take `dtype` (bf16: the matrix engine), when the
 // CPU has it, the operating system lets this process use it (Linux asks for AMX's tile state
-// once, arch_prctl) and MHA_CPU_ISA does not cap it away; none for f32 or otherwise.
+// once, arch_prctl), MHA_CPU_ISA does not cap it away and the build has its kernels; none for
+// f32 or otherwise.
 std::optional<size_t> matrix_isa(DType dtype);
 
 }  // namespace mha::detail

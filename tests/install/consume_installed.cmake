@@ -1,5 +1,5 @@
 # cmake -DPROJECT_BUILD=<dir> -DWORK=<dir> -DCONSUMER=<examples/consumer> -DMAKE_PROGRAM=<ninja>
-#       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF]
+#       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF [-DCPU_ISA=<isa>]]
 #       [-DTOOLCHAIN=<toolchain file> -DEMULATOR=<program|arguments> -DCXX=<compiler>]
 #       -P consume_installed.cmake
 # Installs the project (PROJECT_BUILD, or with SHARED_FROM a BUILD_SHARED_LIBS=ON build of that
@@ -7,6 +7,8 @@
 # examples/consumer against it twice: with find_package(mha) and with pkg-config alone. For a
 # cross build's tree, the consumer is built with its toolchain file (and compiler) and run by
 # its emulator ('|' between the emulator's words), and a build for the host is refused by name.
+# With CPU_ISA, the shared build compiles that instruction set's kernels alone (MHA_CPU_ISAS):
+# the consumer must run them, and, capped below them (MHA_CPU_ISA=sse41), fail with the reason.
 function(run)
     execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE output
                     ERROR_VARIABLE output)
@@ -32,7 +34,7 @@ if (DEFINED SHARED_FROM)
     run(${CMAKE_COMMAND} -S ${SHARED_FROM} -B ${PROJECT_BUILD} -G Ninja
         -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM} -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
         -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCHMARKS=OFF
-        -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR})
+        -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR} -DMHA_CPU_ISAS=${CPU_ISA})
     run(${CMAKE_COMMAND} --build ${PROJECT_BUILD})
 endif ()
 run(${CMAKE_COMMAND} --install ${PROJECT_BUILD} --prefix ${WORK}/installed)
@@ -55,6 +57,18 @@ run(${CMAKE_COMMAND} --build ${WORK}/consumer)
 run(${EMULATOR} ${WORK}/consumer/consumer)
 message(STATUS "consumer (find_package):\n${output}")
 set(cmake_output "${output}")
+if (DEFINED CPU_ISA)
+    if (NOT output MATCHES "cpu \\(${CPU_ISA}\\)")
+        message(FATAL_ERROR "a build of the ${CPU_ISA} kernels alone ran others:\n${output}")
+    endif ()
+    execute_process(COMMAND ${CMAKE_COMMAND} -E env MHA_CPU_ISA=sse41 ${WORK}/consumer/consumer
+                    RESULT_VARIABLE result OUTPUT_VARIABLE output ERROR_VARIABLE output)
+    if (NOT result EQUAL 1 OR NOT output MATCHES "kernels are for ${CPU_ISA} .*none of which this CPU runs")
+        message(FATAL_ERROR "capped below its kernels, the consumer did not fail with the "
+                            "reason (${result}):\n${output}")
+    endif ()
+    message(STATUS "capped below its kernels (MHA_CPU_ISA=sse41):\n${output}")
+endif ()
 
 # pkg-config, from the moved tree's .pc files.
 find_program(PKG_CONFIG pkg-config REQUIRED)

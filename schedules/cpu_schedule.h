@@ -269,7 +269,7 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     }
 
     // weights·V, stored in merged-head order for the output projection.
-    Var io("io"), ii("ii"), iop("iop"), iot("iot"), co("co"), ci("ci");
+    Var io("io"), ii("ii"), iop("iop"), iot("iot"), co("co"), ci("ci"), task("task");
     Func values = context.result;
     values.compute_root()
         .bound(v.c, 0, contract::round_up(f.head_dim, width))
@@ -279,33 +279,39 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .split(io, iop, iot, tiles_per_task, guard)
         .split(v.c, co, ci, width)
         .reorder(ci, ii, co, iot, iop, v.h, v.b)
-        .vectorize(ci);
-    for (const Var &task : {iop, v.h, v.b}) {
-        fork_over_cores(values, task, sp);
-    }
+        .vectorize(ci)
+        // One flat loop of tasks over the runs of query tiles, heads and batch rows: nested
+        // parallel loops waited at the end of each head's.
+        .fuse(iop, v.h, task)
+        .fuse(task, v.b, task);
+    fork_over_cores(values, task, sp);
     schedule_tile_product(context.tiled.tiles, context.j, values, co);
-    context.tiled.strips.store_at(values, iop)
+    context.tiled.strips.store_at(values, task)
         .compute_at(values, iot)
         .fold_storage(context.tiled.strips.args()[3], 1)
         .vectorize(context.tiled.strips.args()[0]);
 
     // Scores and softmax per tile of 16 queries: of weights·V, or of the weights output.
     Func owner = values;
-    Var tile_loop = iot, task_loop = iop;
+    Var tile_loop = iot, task_loop = task;
     if (weights_are_output) {
         owner = sm.weights;
         std::tie(task_loop, tile_loop) = schedule_weights_output(v, sm, width, tiles_per_task, sp);
     }
-    Var jo("jo"), ji("ji"), qo("qo"), qi("qi");
+    Var jo("jo"), ji("ji"), qo("qo"), qi("qi"), jp("jp");
     scores.dot.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)
         .align_bounds(v.j, width)
         .align_bounds(v.i, width)
         .split(v.j, jo, ji, width)
         .split(v.i, qo, qi, width)
-        .reorder(ji, qi, jo, qo)
+        // Key tiles in unrolled pairs, two tile products in flight: one product's few slices
+        // (2 for 64 features), chained in one accumulator, leave the engine waiting on them.
+        .split(jo, jp, jo, 2, guard)
+        .reorder(ji, qi, jo, jp, qo)
         .vectorize(ji)
-        .vectorize(qi);
+        .vectorize(qi)
+        .unroll(jo);
     schedule_tile_product(scores.tiled.tiles, scores.c, scores.dot, jo, true);
     scores.tiled.strips.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)

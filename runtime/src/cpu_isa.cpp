@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <optional>
 #include <string>
@@ -54,11 +55,26 @@ IsaChoice choose() {
     return {std::max(best, *capped), ""};
 }
 
-// Whether the build has kernels of instruction set `isa` (MHA_CPU_ISAS may leave some out).
+// Whether the build has kernels of instruction set `isa` (MHA_CPU_ISAS may leave some out),
+// read from the kernel table once.
 bool linked(size_t isa) {
-    const KernelComponent &component = cpu_kernels();
-    return std::any_of(component.kernels, component.kernels + component.count,
-                       [&](const CompiledKernel &k) { return k.isa == int(isa); });
+    static const std::array<bool, contract::kCpuIsaCount> has_kernels = [] {
+        std::array<bool, contract::kCpuIsaCount> has{};
+        const KernelComponent &component = cpu_kernels();
+        for (size_t k = 0; k < component.count; k++) {
+            has[size_t(component.kernels[k].isa)] = true;
+        }
+        return has;
+    }();
+    return has_kernels[isa];
+}
+
+// The choice's instruction set, or mha::Error with its reason.
+size_t chosen(const IsaChoice &choice) {
+    if (!choice.isa) {
+        throw Error(choice.error);
+    }
+    return *choice.isa;
 }
 
 // The best f32 instruction set at or below `best` (those below it are supported whenever it
@@ -83,10 +99,7 @@ IsaChoice linked_f32_isa(size_t best) {
 // The best instruction set the CPU supports and the cap allows, of any dtype.
 size_t best_isa() {
     static const IsaChoice choice = choose();
-    if (!choice.isa) {
-        throw Error(choice.error);
-    }
-    return *choice.isa;
+    return chosen(choice);
 }
 
 // Linux gives a process AMX's tile data state only when asked (ARCH_REQ_XCOMP_PERM for
@@ -107,10 +120,7 @@ bool amx_permitted() {
 
 size_t cpu_isa() {
     static const IsaChoice choice = linked_f32_isa(best_isa());
-    if (!choice.isa) {
-        throw Error(choice.error);
-    }
-    return *choice.isa;
+    return chosen(choice);
 }
 
 std::optional<size_t> matrix_isa(DType dtype) {

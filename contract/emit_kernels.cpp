@@ -1,14 +1,15 @@
 // Run by the configure step (cmake/MhaKernels.cmake): turns the contract and the tuned schedule
 // files into the build's kernel rows and the runtime's kernel tables.
 //
-//   emit_kernels --arch x86-64 [--cpu-isas avx512,avx2] [--sanitizer-isa avx2]
+//   emit_kernels --arch x86-64 [--cpu-isas avx512,avx2] [--sanitizer-isa sse41]
 //                --tuned-dir schedules/tuned --schedule-hash H --gpu 1 --out-dir <build>
 //
 // writes <out-dir>/kernels.cmake, one mha_kernel(...) row per kernel to compile for the CPU
 // instruction sets of that architecture (all of them, or those of --cpu-isas) and the GPUs, and
 // <out-dir>/<device>_kernels.cpp, the table of that device's kernels with a compile-time check
 // that each takes the arguments the contract gives its variant. The kernels of --sanitizer-isa
-// are marked SANITIZED (compiled again with Halide's asan feature) and have their own table,
+// are marked SANITIZED (compiled again with Halide's asan feature; SANITIZED_ONLY, that alone,
+// when --cpu-isas leaves the set out of the library) and have their own table,
 // <out-dir>/cpu_sanitizer_kernels.cpp. On the CPU, the buckets of one
 // instruction set that are tuned to the same parameters share one kernel. Prints "warning: ..."
 // lines for the configure step to show; exits 1 with the reason when a tuned file is missing,
@@ -40,6 +41,7 @@ struct KernelRow {
     std::string target;      // Halide target, kernel features included
     std::string schedule;    // CPU schedule parameters, "name:value,..."
     bool sanitized = false;  // compiled again with Halide's asan feature, for the ASan tests
+    bool shipped = true;     // in the library (false: a sanitized row of an ISA not selected)
 };
 
 std::string bool_name(bool b) { return b ? "true" : "false"; }
@@ -133,10 +135,9 @@ std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> cpu_groups(
     return groups;
 }
 
-// Which of the architecture's instruction sets the build compiles kernels for: `names`, or all
+// Which of the architecture's instruction sets the library has kernels for: `names`, or all
 // when empty. At least one f32 set, since every module runs f32 stages.
-std::vector<bool> selected_isas(CpuArch arch, const std::vector<std::string> &names,
-                                const std::string &sanitizer_isa) {
+std::vector<bool> selected_isas(CpuArch arch, const std::vector<std::string> &names) {
     std::vector<bool> selected(kCpuIsas.size(), false);
     std::string allowed;
     for (size_t i = 0; i < kCpuIsas.size(); i++) {
@@ -164,27 +165,28 @@ std::vector<bool> selected_isas(CpuArch arch, const std::vector<std::string> &na
             "every module needs: add one of " +
             allowed);
     }
-    if (!sanitizer_isa.empty()) {
-        const std::optional<size_t> i = cpu_isa_index(sanitizer_isa);
-        if (!i || !selected[*i]) {
-            throw std::runtime_error("the sanitizer tests instrument the " + sanitizer_isa +
-                                     " kernels, which MHA_CPU_ISAS leaves out: add " +
-                                     sanitizer_isa +
-                                     ", or configure with "
-                                     "-DMHA_SANITIZER_TESTS=OFF");
-        }
-    }
     return selected;
 }
 
+// The rows of the selected instruction sets' kernels, and of `sanitizer_isa`'s (marked
+// sanitized; if it is not selected, in the ASan test library alone).
 std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &selected,
                                    const std::string &sanitizer_isa, const std::string &tuned_dir,
                                    const std::string &schedule_hash, bool gpu,
                                    std::vector<std::string> &warnings) {
+    if (!sanitizer_isa.empty()) {
+        const std::optional<size_t> i = cpu_isa_index(sanitizer_isa);
+        if (!i || kCpuIsas[*i].arch != arch || kCpuIsas[*i].dtype != mha::DType::f32) {
+            throw std::runtime_error("--sanitizer-isa " + sanitizer_isa +
+                                     " is not an f32 instruction set of " +
+                                     std::string(cpu_arch_name(arch)));
+        }
+    }
     std::vector<KernelRow> rows;
     for (size_t i = 0; i < kCpuIsas.size(); i++) {
         const CpuIsa &isa = kCpuIsas[i];
-        if (!selected[i]) {
+        const bool sanitized = isa.name == sanitizer_isa;
+        if (!selected[i] && !sanitized) {
             continue;
         }
         const size_t first_row = rows.size();
@@ -209,7 +211,8 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             }
         }
         for (size_t r = first_row; r < rows.size(); r++) {
-            rows[r].sanitized = isa.name == sanitizer_isa;
+            rows[r].sanitized = sanitized;
+            rows[r].shipped = selected[i];
         }
     }
     for (const GpuTarget &g : kGpuTargets) {
@@ -243,8 +246,8 @@ std::string cmake_rows(CpuArch arch, const std::vector<KernelRow> &rows, bool gp
     for (const KernelRow &r : rows) {
         out << "mha_kernel(" << r.name << " DEVICE " << device_name(r.device) << " GENERATOR "
             << generator_name(r.variant.op) << " TARGET " << r.target << "\n    PARAMS"
-            << generator_params(r.variant, r.schedule) << (r.sanitized ? " SANITIZED" : "")
-            << ")\n";
+            << generator_params(r.variant, r.schedule)
+            << (r.sanitized ? (r.shipped ? " SANITIZED" : " SANITIZED_ONLY") : "") << ")\n";
     }
     return out.str();
 }
@@ -272,10 +275,13 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
     }
     std::ostringstream checks, entries;
     for (const KernelRow &r : rows) {
-        if (r.device != device || (sanitized_only && !r.sanitized)) {
+        if (r.device != device || (sanitized_only ? !r.sanitized : !r.shipped)) {
             continue;
         }
-        out << "#include \"" << r.name << ".h\"\n#include \"" << r.name << ".function_info.h\"\n";
+        // The ASan library's kernels have headers of their own (an instruction set the library
+        // leaves out has no others).
+        const std::string header = r.name + (sanitized_only ? "_asan" : "");
+        out << "#include \"" << header << ".h\"\n#include \"" << header << ".function_info.h\"\n";
         checks << "static_assert(takes_contract_arguments(" << r.name << "_argument_info(), "
                << variant_initializer(r.variant) << "),\n              \"kernel " << r.name
                << " does not take the arguments contract/mha_contract.h gives its variant\");\n";
@@ -353,8 +359,8 @@ int main(int argc, char **argv) {
         }
         std::vector<std::string> warnings;
         const std::vector<KernelRow> rows =
-            kernel_rows(arch, selected_isas(arch, cpu_isas, sanitizer_isa), sanitizer_isa,
-                        tuned_dir, schedule_hash, gpu, warnings);
+            kernel_rows(arch, selected_isas(arch, cpu_isas), sanitizer_isa, tuned_dir,
+                        schedule_hash, gpu, warnings);
         write(out_dir + "/kernels.cmake", cmake_rows(arch, rows, gpu));
         write(out_dir + "/cpu_kernels.cpp", device_table(rows, mha::Device::cpu));
         if (!sanitizer_isa.empty()) {

@@ -1,5 +1,6 @@
 # cmake -DPROJECT_BUILD=<dir> -DWORK=<dir> -DCONSUMER=<examples/consumer> -DMAKE_PROGRAM=<ninja>
-#       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF [-DCPU_ISA=<isa>]]
+#       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF [-DCPU_ISA=<isa>]
+#        [-DGENERATORS=<host build whose generators it runs>]]
 #       [-DTOOLCHAIN=<toolchain file> -DEMULATOR=<program|arguments> -DCXX=<compiler>]
 #       -P consume_installed.cmake
 # Installs the project (PROJECT_BUILD, or with SHARED_FROM a BUILD_SHARED_LIBS=ON build of that
@@ -34,7 +35,8 @@ if (DEFINED SHARED_FROM)
     run(${CMAKE_COMMAND} -S ${SHARED_FROM} -B ${PROJECT_BUILD} -G Ninja
         -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM} -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
         -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCHMARKS=OFF
-        -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR} -DMHA_CPU_ISAS=${CPU_ISA})
+        -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR} -DMHA_CPU_ISAS=${CPU_ISA}
+        -Dmha-halide_generators_ROOT=${GENERATORS})
     run(${CMAKE_COMMAND} --build ${PROJECT_BUILD})
 endif ()
 run(${CMAKE_COMMAND} --install ${PROJECT_BUILD} --prefix ${WORK}/installed)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, run on the GPU machine from the bundle folder alone: scripts/dev.sh gpu-bundle
-# makes it, build/gpu-bundle, here (the GPU machine has the driver, nvcc, python3 with PyTorch,
+# makes it, build-gpu/gpu-bundle, here (the GPU machine has the driver, nvcc, python3 with PyTorch,
 # but no Halide and nothing to fetch). In well under 8 minutes:
 #   1. nvidia-smi;
 #   2. every CUDA suite of mha_gpu_tests (each forward kernel variant, the averaging kernel,

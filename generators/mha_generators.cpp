@@ -212,7 +212,7 @@ public:
         }
         Func output = args_.output(ArgId::output);
         if (get_target().has_gpu_feature()) {
-            mha::gpu::schedule_forward(stages_, return_weights, {});
+            mha::gpu::schedule_forward(stages_, return_weights, causal, {});
             mha::gpu::schedule_output_copy(stages_.v, output);
             return;
         }

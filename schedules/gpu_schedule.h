@@ -1,17 +1,19 @@
 // GPU schedules (CUDA, OpenCL) for the forward pass of generators/mha_forward.h. Same algorithm
 // as the CPU; every stage runs on the device, so nothing returns to the host between stages.
 //
-// Projections: a block owns a tile of outputs, each thread a small register tile, accumulated
-// over the input features from operands read through the cache (as Halide's apps/cuda_mat_mul).
+// Projections: shared-memory tiled GEMMs. A block owns a tile of outputs, each thread a small
+// register tile; slices of the token rows and of Wᵀ are staged in shared memory per step of the
+// reduction.
 // Attention: a block owns (query tile, head, batch). Its query rows are staged in shared memory
 // once; the row max and sum are reduced on the device (one thread per row, scores recomputed);
 // then key tiles are swept: the K tile, the V tile and the tile's softmax weights live in shared
-// memory while every thread accumulates its slice of weights·V there too.
-// Where each thread's accumulators live: Halide's register memory needs constant coordinates,
-// so a register Func computed at the block level is allocated whole in every thread (local
-// memory, `float _q_proj_0[2048]` per thread for a 64x32 tile); a projection's is computed
-// inside the thread loops instead, and the attention's, which the block's key sweep must
-// enclose, is in shared memory, laid out so that a warp's threads touch consecutive words.
+// memory while every thread accumulates its slice of weights·V in registers.
+// Registers: Halide's register memory needs constant coordinates, so a register Func computed at
+// the block level is allocated whole in each thread (`float _q_proj_0[2048]` in the OpenCL C of
+// a 64x32 projection tile), and the device compiler must find the thread's slice. NVPTX does for
+// the projections and the unmasked-order attention (in the PTX, the accumulators are registers
+// and nothing is in local memory), but not for the causal attention, whose weights·V kept a
+// 4 KB local-memory array a thread: there the context accumulates in shared memory.
 // Without the weights requested, no [B, H, Sq, Sk] tensor exists in global memory.
 #pragma once
 
@@ -27,7 +29,7 @@ struct ScheduleParams {
     int proj_block_rows = 32;  // token rows per block
     int proj_thread_cols = 4;  // register tile of one thread
     int proj_thread_rows = 4;
-    int proj_k_unroll = 4;    // input features per step of a thread's reduction
+    int proj_k_step = 16;     // reduction slice staged in shared memory
     int attention_rows = 16;  // query rows per block
     // Keys per shared-memory tile: as many as the block has threads in x (kMaxTile /
     // head_cols_per_thread), so that every stage of the attention block uses the whole block.
@@ -69,23 +71,28 @@ inline void schedule_projection(const StageVars &v, Projection &p, const Schedul
         .gpu_threads(et, rt)
         .unroll(eu)
         .unroll(ru);
-    // One thread's tile, in registers: every coordinate a constant once unrolled.
-    p.result.compute_at(tiles, et).store_in(MemoryType::Register).unroll(v.e).unroll(v.r);
+    // The accumulators belong to the block; each thread keeps its register tile.
+    p.result.compute_at(tiles, eo)
+        .store_in(MemoryType::Register)
+        .split(v.e, et, eu, sp.proj_thread_cols, whole)
+        .split(v.r, rt, ru, sp.proj_thread_rows, whole)
+        .reorder(eu, ru, et, rt)
+        .gpu_threads(et, rt)
+        .unroll(eu)
+        .unroll(ru);
     RVar ko("ko"), ki("ki");
     p.result.update()
-        .split(p.k.x, ko, ki, sp.proj_k_unroll, TailStrategy::GuardWithIf)
-        .reorder(v.e, v.r, ki, ko)
-        .unroll(v.e)
-        .unroll(v.r)
-        .unroll(ki);
-    // Each operand value is loaded once per step, then read by the tile's whole row or column.
-    for (Func operand : {p.rows, p.weight_t}) {
-        Func loaded = operand.in(p.result);
-        loaded.compute_at(p.result, ki).store_in(MemoryType::Register);
-        for (const Var &d : loaded.args()) {
-            loaded.unroll(d);
-        }
-    }
+        .split(p.k.x, ko, ki, sp.proj_k_step)
+        .split(v.e, et, eu, sp.proj_thread_cols, whole)
+        .split(v.r, rt, ru, sp.proj_thread_rows, whole)
+        .reorder(eu, ru, ki, et, rt, ko)
+        .gpu_threads(et, rt)
+        .unroll(eu)
+        .unroll(ru);
+    const int threads_x = sp.proj_block_cols / sp.proj_thread_cols;
+    const int threads_y = sp.proj_block_rows / sp.proj_thread_rows;
+    stage_in_shared(p.rows, p.result, LoopLevel(p.result, ko), threads_x, threads_y);
+    stage_in_shared(p.weight_t, p.result, LoopLevel(p.result, ko), threads_x, threads_y);
 }
 
 // A head-major copy on the device (K and V, so that tiles of one head are contiguous).
@@ -99,7 +106,8 @@ inline void schedule_head_copy(const StageVars &v, Halide::Func heads) {
         .gpu_threads(v.c, si);
 }
 
-inline void schedule_forward(ForwardStages &f, bool weights_are_output, const ScheduleParams &sp) {
+inline void schedule_forward(ForwardStages &f, bool weights_are_output, bool causal,
+                             const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
     const auto whole = TailStrategy::RoundUp;
@@ -112,33 +120,37 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     schedule_head_copy(v, f.k_heads);
     schedule_head_copy(v, f.v_heads);
 
-    // weights·V: a block per (query tile, head, batch); threads over (head features, rows), a
-    // thread's features threads_x apart (consecutive threads, consecutive words).
+    // weights·V: a block per (query tile, head, batch); threads over (head features, rows). A
+    // thread's features: adjacent in registers (one vector load from the V tile), or, in shared
+    // memory, threads_x apart (consecutive threads, consecutive words).
     Func context_tiles = f.context.result.in();
     Var io("io"), ii("ii"), co("co"), ci("ci"), ct("ct"), cu("cu");
     const int head_tile = contract::kMaxTile;
     const int threads_x = head_tile / sp.head_cols_per_thread;
+    const bool context_in_shared = causal;
+    const auto split_features = [&](Stage s, const VarOrRVar &c) {
+        if (context_in_shared) {
+            s.split(c, cu, ct, threads_x, whole);
+        } else {
+            s.split(c, ct, cu, sp.head_cols_per_thread, whole);
+        }
+    };
     context_tiles.compute_root()
         .split(v.i, io, ii, sp.attention_rows, whole)
-        .split(v.c, co, ci, head_tile, whole)
-        .split(ci, cu, ct, threads_x, whole)
-        .reorder(cu, ct, ii, co, io, v.h, v.b)
+        .split(v.c, co, ci, head_tile, whole);
+    split_features(context_tiles, ci);
+    context_tiles.reorder(cu, ct, ii, co, io, v.h, v.b)
         .gpu_blocks(io, v.h, v.b)
         .gpu_threads(ct, ii)
         .unroll(cu);
     f.context.result.compute_at(context_tiles, co)
-        .store_in(MemoryType::GPUShared)
-        .split(v.c, cu, ct, threads_x, whole)
-        .reorder(cu, ct, v.i)
-        .gpu_threads(ct, v.i)
-        .unroll(cu);
+        .store_in(context_in_shared ? MemoryType::GPUShared : MemoryType::Register);
+    split_features(f.context.result, v.c);
+    f.context.result.reorder(cu, ct, v.i).gpu_threads(ct, v.i).unroll(cu);
     RVar jo("jo"), ji("ji");
-    f.context.result.update()
-        .split(f.context.j.x, jo, ji, sp.key_step, guard)
-        .split(v.c, cu, ct, threads_x, whole)
-        .reorder(cu, ji, ct, v.i, jo)
-        .gpu_threads(ct, v.i)
-        .unroll(cu);
+    f.context.result.update().split(f.context.j.x, jo, ji, sp.key_step, guard);
+    split_features(f.context.result.update(), v.c);
+    f.context.result.update().reorder(cu, ji, ct, v.i, jo).gpu_threads(ct, v.i).unroll(cu);
     const LoopLevel key_tile(f.context.result, jo);
     stage_in_shared(f.v_heads, f.context.result, key_tile, threads_x, sp.attention_rows);
 

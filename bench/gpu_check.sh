@@ -3,10 +3,11 @@
 # makes it, build-gpu/gpu-bundle, here (the GPU machine has the driver, nvcc, python3 with PyTorch,
 # but no Halide and nothing to fetch). In well under 8 minutes:
 #   1. nvidia-smi;
-#   2. every CUDA suite of mha_gpu_tests (each forward kernel variant, the averaging kernel,
-#      masks of every family, kdim/vdim, grouped-query heads, causal orders, bf16/f16 tensors,
-#      device-resident tensors) against the double-precision reference;
-#   3. the timing table against PyTorch (gpu_compare.py), printed last and written to OUT_DIR.
+#   2. every CUDA suite of mha_gpu_tests (each forward kernel variant in f32, bf16 and f16, the
+#      averaging kernel, masks of every family, kdim/vdim, grouped-query heads, causal orders,
+#      16-bit modules, device-resident tensors) against the double-precision reference;
+#   3. the timing tables against PyTorch (gpu_compare.py: f32, then bf16 and f16 modules
+#      against PyTorch in that dtype), printed last and written to OUT_DIR.
 # Without a driver (CI runs it here) the CUDA cases report skipped and the timing is skipped.
 #   usage: gpu_check.sh [OUT_DIR]     (default: ./gpu-check-out beside this script)
 set -uo pipefail

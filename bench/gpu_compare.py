@@ -2,7 +2,8 @@
 against PyTorch on the same GPU, f32 (TF32 off): F.linear + F.scaled_dot_product_attention and
 nn.MultiheadAttention without the weights; nn.MultiheadAttention(need_weights=True,
 average_attn_weights=False) against ours returning the weights. Prints, and writes with --out,
-a table with TFLOP/s, the share of the GPU's FP32 (non-tensor-core) peak and the ratios.
+a table with TFLOP/s, the share of the GPU's FP32 (non-tensor-core) peak and the ratios; then
+the same for bf16 and f16 modules (the dtype sweep) against PyTorch in that dtype.
 
 usage: gpu_compare.py --bench ./mha_gpu_bench [--peak-tflops 67] [--out FILE] [--shapes ...]
 """
@@ -35,14 +36,18 @@ def cuda_ms(call):
     return statistics.median(times)
 
 
-def torch_ms(dims):
-    """PyTorch's times for one (B, Sq, Sk, E, H): {peer name: ms}."""
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def torch_ms(dims, dtype="f32"):
+    """PyTorch's times for one (B, Sq, Sk, E, H) in `dtype`: {peer name: ms} (16-bit: its
+    tensor-core matmuls; the weights returned in f32 only)."""
     B, Sq, Sk, E, H = dims
     d = E // H
-    dev = torch.device("cuda")
-    x = torch.rand(B, Sq, E, device=dev)
-    kv = x if Sq == Sk else torch.rand(B, Sk, E, device=dev)
-    module = torch.nn.MultiheadAttention(E, H, batch_first=True, device=dev).eval()
+    dev, t = torch.device("cuda"), DTYPES[dtype]
+    x = torch.rand(B, Sq, E, device=dev, dtype=t)
+    kv = x if Sq == Sk else torch.rand(B, Sk, E, device=dev, dtype=t)
+    module = torch.nn.MultiheadAttention(E, H, batch_first=True, device=dev, dtype=t).eval()
     w = list(module.in_proj_weight.detach().chunk(3)) + [module.out_proj.weight.detach()]
     b = list(module.in_proj_bias.detach().chunk(3)) + [module.out_proj.bias.detach()]
 
@@ -54,17 +59,19 @@ def torch_ms(dims):
         return F.linear(o, w[3], b[3])
 
     with torch.inference_mode():
-        return {
+        times = {
             "sdpa": cuda_ms(functional),
             "mha": cuda_ms(lambda: module(x, kv, kv, need_weights=False)),
-            "mha_weights": cuda_ms(lambda: module(x, kv, kv, need_weights=True,
-                                                  average_attn_weights=False)),
         }
+        if dtype == "f32":
+            times["mha_weights"] = cuda_ms(lambda: module(x, kv, kv, need_weights=True,
+                                                          average_attn_weights=False))
+        return times
 
 
-def ours(bench, shapes, weights):
-    """mha_gpu_bench's JSON lines, by shape."""
-    command = [bench, "--device", "cuda", "--max-check-gflop", "4"]
+def ours(bench, shapes, weights, dtype="f32"):
+    """mha_gpu_bench's JSON lines, by shape (no shapes: its sweep of that dtype)."""
+    command = [bench, "--device", "cuda", "--max-check-gflop", "4", "--dtype", dtype]
     command += [f"--shapes={','.join(map(str, s))}" for s in shapes]
     if weights:
         command.append("--weights")
@@ -112,6 +119,22 @@ def main():
             f"| {peers['sdpa'] / r['ms']:.2f} | {peers['mha']:.3f} | {peers['mha'] / r['ms']:.2f} "
             f"| {rw['ms']:.3f} | {peers['mha_weights']:.3f} "
             f"| {peers['mha_weights'] / rw['ms']:.2f} |")
+    # 16-bit modules: our kernels read bf16 / f16 and compute in f32 (no tensor cores);
+    # PyTorch's matmuls in that dtype run on tensor cores.
+    lines += ["",
+              "| shape (B, Sq, Sk, E, H) | dtype | ours ms | ours TFLOP/s | % FP32 peak | rel. L2 "
+              "| F.linear+sdpa ms | × sdpa | nn.MHA ms | × nn.MHA |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for dtype in ("bf16", "f16"):
+        for dims, r in ours(args.bench, shapes, weights=False, dtype=dtype).items():
+            peers = torch_ms(dims, dtype)
+            tflops = report.flops(*dims) / (r["ms"] * 1e9)
+            err = f"{r['rel_l2']:.1e}" if r["rel_l2"] >= 0 else "not checked"
+            lines.append(
+                f"| {', '.join(map(str, dims))} | {dtype} | {r['ms']:.3f} | {tflops:.2f} "
+                f"| {100 * tflops / args.peak_tflops:.1f}% | {err} | {peers['sdpa']:.3f} "
+                f"| {peers['sdpa'] / r['ms']:.2f} | {peers['mha']:.3f} "
+                f"| {peers['mha'] / r['ms']:.2f} |")
     report.publish(lines, args.out)
 
 

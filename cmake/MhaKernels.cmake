@@ -43,13 +43,20 @@ architecture; the run-time dispatch picks the best of them the CPU supports)")
 # machine has and whose one bucket serves every shape, so that every variant runs from half the
 # kernels of a set tuned per bucket. What ASan checks in a kernel, its loads and stores against
 # the buffers the runtime describes, does not depend on the schedule.
-set(emit_isa_options "")
+set(emit_options "")
 if (MHA_SANITIZER_TESTS)
-    list(APPEND emit_isa_options --sanitizer-isa sse41)
+    list(APPEND emit_options --sanitizer-isa sse41)
 endif ()
 if (MHA_CPU_ISAS)
     string(REPLACE ";" "," cpu_isas "${MHA_CPU_ISAS}")
-    list(APPEND emit_isa_options --cpu-isas ${cpu_isas})
+    list(APPEND emit_options --cpu-isas ${cpu_isas})
+endif ()
+set(MHA_GPU_DTYPES "" CACHE STRING
+    "The dtypes of the GPU forward kernels, e.g. f32 (empty: f32;bf16;f16; a 16-bit module \
+without its kernels runs the f32 ones on values rounded on the host)")
+if (MHA_GPU_DTYPES)
+    string(REPLACE ";" "," gpu_dtypes "${MHA_GPU_DTYPES}")
+    list(APPEND emit_options --gpu-dtypes ${gpu_dtypes})
 endif ()
 if (MHA_GPU_KERNELS)
     set(emit_gpu 1)
@@ -78,7 +85,7 @@ if (NOT emit_compiled)
     message(FATAL_ERROR "contract/emit_kernels.cpp does not compile:\n${emit_compile_output}")
 endif ()
 execute_process(COMMAND ${CMAKE_CROSSCOMPILING_EMULATOR} ${MHA_EMITTER} --arch ${MHA_CPU_ARCH}
-                        ${emit_isa_options}
+                        ${emit_options}
                         --tuned-dir ${PROJECT_SOURCE_DIR}/schedules/tuned
                         --schedule-hash ${MHA_SCHEDULE_HASH} --gpu ${emit_gpu}
                         --out-dir ${MHA_KERNELS_DIR}

@@ -168,11 +168,33 @@ std::vector<bool> selected_isas(CpuArch arch, const std::vector<std::string> &na
     return selected;
 }
 
+// Which dtypes the GPU libraries have forward kernels of: `names`, or all when empty. f32 at
+// least, which f32 modules run (a 16-bit module without its kernels runs them too).
+std::array<bool, kDTypes.size()> selected_gpu_dtypes(const std::vector<std::string> &names) {
+    std::array<bool, kDTypes.size()> selected{};
+    selected.fill(names.empty());
+    for (const std::string &name : names) {
+        const std::optional<mha::DType> dtype = dtype_named(name);
+        if (!dtype) {
+            throw std::runtime_error("MHA_GPU_DTYPES names '" + name +
+                                     "', which is not one of f32, bf16, f16");
+        }
+        selected[size_t(*dtype)] = true;
+    }
+    if (!selected[size_t(mha::DType::f32)]) {
+        throw std::runtime_error(
+            "MHA_GPU_DTYPES leaves out f32, whose kernels every GPU library needs");
+    }
+    return selected;
+}
+
 // The rows of the selected instruction sets' kernels, and of `sanitizer_isa`'s (marked
-// sanitized; if it is not selected, in the ASan test library alone).
+// sanitized; if it is not selected, in the ASan test library alone); with `gpu`, the GPU
+// kernels of the `gpu_dtypes` selected.
 std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &selected,
                                    const std::string &sanitizer_isa, const std::string &tuned_dir,
                                    const std::string &schedule_hash, bool gpu,
+                                   const std::array<bool, kDTypes.size()> &gpu_dtypes,
                                    std::vector<std::string> &warnings) {
     if (!sanitizer_isa.empty()) {
         const std::optional<size_t> i = cpu_isa_index(sanitizer_isa);
@@ -220,7 +242,7 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             break;
         }
         for (const KernelVariant &v : kKernelVariants) {
-            if (v.runs_on(g.device)) {
+            if (v.runs_on(g.device) && gpu_dtypes[size_t(v.dtype)]) {
                 rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
                                 g.device, -1, kAllBuckets, v, with_kernel_features(g.halide_target),
                                 ""});
@@ -283,7 +305,8 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
         const std::string header = r.name + (sanitized_only ? "_asan" : "");
         out << "#include \"" << header << ".h\"\n#include \"" << header << ".function_info.h\"\n";
         checks << "static_assert(takes_contract_arguments(" << r.name << "_argument_info(), "
-               << variant_initializer(r.variant) << "),\n              \"kernel " << r.name
+               << variant_initializer(r.variant) << ", Device::" << dev
+               << "),\n              \"kernel " << r.name
                << " does not take the arguments contract/mha_contract.h gives its variant\");\n";
         entries << "    {\"" << r.name << "\", Device::" << dev << ", " << r.isa << ", "
                 << r.buckets << ", " << variant_initializer(r.variant) << ", &" << r.name
@@ -329,7 +352,7 @@ void write(const std::string &path, const std::string &text) {
 int main(int argc, char **argv) {
     CLI::App app("Writes the build's kernel rows and the runtime's kernel tables", "emit_kernels");
     std::string tuned_dir, schedule_hash, out_dir, sanitizer_isa;
-    std::vector<std::string> cpu_isas;
+    std::vector<std::string> cpu_isas, gpu_dtypes;
     CpuArch arch = CpuArch::x86_64;
     bool gpu = true;
     std::map<std::string, CpuArch> arch_names;
@@ -346,6 +369,9 @@ int main(int argc, char **argv) {
     app.add_option("--tuned-dir", tuned_dir, "schedules/tuned")->required();
     app.add_option("--schedule-hash", schedule_hash, "hash of the schedule code")->required();
     app.add_option("--gpu", gpu, "emit the CUDA and OpenCL kernels (0 or 1)");
+    app.add_option("--gpu-dtypes", gpu_dtypes,
+                   "the dtypes of the GPU forward kernels (default: all; f32 among them)")
+        ->delimiter(',');
     app.add_option("--out-dir", out_dir, "where to write")->required();
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         return *code;
@@ -360,7 +386,7 @@ int main(int argc, char **argv) {
         std::vector<std::string> warnings;
         const std::vector<KernelRow> rows =
             kernel_rows(arch, selected_isas(arch, cpu_isas), sanitizer_isa, tuned_dir,
-                        schedule_hash, gpu, warnings);
+                        schedule_hash, gpu, selected_gpu_dtypes(gpu_dtypes), warnings);
         write(out_dir + "/kernels.cmake", cmake_rows(arch, rows, gpu));
         write(out_dir + "/cpu_kernels.cpp", device_table(rows, mha::Device::cpu));
         if (!sanitizer_isa.empty()) {

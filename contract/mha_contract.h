@@ -318,24 +318,32 @@ struct KernelVariant {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype;
     }
-    // Decode steps run on the CPU only, bf16 forward kernels on a CPU matrix engine only.
-    constexpr bool runs_on(Device device) const {
-        const bool decode_step = op == KernelOp::qkv_projection || op == KernelOp::decode;
-        return (!decode_step && dtype == DType::f32) || device == Device::cpu;
-    }
     // Which CPU instruction sets compile it: forward kernels those of their dtype, the others
     // the f32 ones.
     constexpr bool compiled_for(const CpuIsa &isa) const { return isa.dtype == dtype; }
+    // Decode steps run on the CPU only; forward kernels of every dtype on GPUs, and on the CPU
+    // those of a dtype an instruction set computes in (f32, and bf16 on the matrix engine).
+    constexpr bool runs_on(Device device) const {
+        if (device != Device::cpu) {
+            return op != KernelOp::qkv_projection && op != KernelOp::decode;
+        }
+        for (const CpuIsa &isa : kCpuIsas) {
+            if (compiled_for(isa)) {
+                return true;
+            }
+        }
+        return false;
+    }
 };
 
-// Forward: every mask kind x weights or not x separate or fused QKV x causal or not, in f32 and
-// in bf16 (for the matrix engine). A decode step (causal within its new tokens by definition):
-// one fused QKV projection, and an attention with a byte key-padding mask over the cache or
-// none. The weights averaged over heads.
-inline constexpr std::array<KernelVariant, 52> kKernelVariants = [] {
-    std::array<KernelVariant, 52> all{};
+// Forward: every mask kind x weights or not x separate or fused QKV x causal or not, in every
+// dtype (bf16 for the CPU's matrix engine and GPUs, f16 for GPUs). A decode step (causal within
+// its new tokens by definition): one fused QKV projection, and an attention with a byte
+// key-padding mask over the cache or none. The weights averaged over heads.
+inline constexpr std::array<KernelVariant, 76> kKernelVariants = [] {
+    std::array<KernelVariant, 76> all{};
     size_t n = 0;
-    for (DType dtype : {DType::f32, DType::bf16}) {
+    for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
             for (bool weights : {false, true}) {
                 for (bool fused : {false, true}) {
@@ -357,7 +365,10 @@ inline constexpr std::array<KernelVariant, 52> kKernelVariants = [] {
 // --- Kernel arguments ----------------------------------------------------------------------
 
 enum class ArgKind { input_buffer, input_scalar, output_buffer };
-enum class ElementType { f32, bf16, u8, i32 };
+// u16: the bits of a bf16 or an f16 (the variant's dtype), which a GPU kernel widens to f32
+// exactly as it reads them. Halide's OpenCL kernels refuse 16-bit float types on devices
+// without cl_khr_fp16 (PoCL has none), so its CUDA and OpenCL kernels read bits alike.
+enum class ElementType { f32, bf16, u16, u8, i32 };
 
 // Every argument any kernel takes. Halide lists dimensions innermost first, so a PyTorch tensor
 // [B, S, E] is the buffer (e, s, b).
@@ -455,10 +466,14 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
 
 constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
 
-// An argument's element type in a variant: a bf16 kernel reads its activations and projection
-// weights in bf16 (the weights as matrix-engine tiles, kBf16TileWidth), biases and the rest
-// in f32.
-constexpr ElementType arg_type(ArgId id, const KernelVariant &v) {
+// An argument's element type in a variant on a device: a 16-bit kernel reads its activations
+// and projection weights in 16 bits, biases and the rest in f32. On the CPU's matrix engine
+// they are bf16 (the weights as its tiles, kBf16TileWidth), on GPUs their bits (u16; the
+// weights in the f32 kernels' panels, kWeightPanel).
+constexpr ElementType arg_type(ArgId id, const KernelVariant &v, Device device) {
+    if (v.dtype == DType::f32) {
+        return arg(id).type;
+    }
     switch (id) {
     case ArgId::query:
     case ArgId::key:
@@ -468,7 +483,7 @@ constexpr ElementType arg_type(ArgId id, const KernelVariant &v) {
     case ArgId::v_weight:
     case ArgId::qkv_weight:
     case ArgId::out_weight:
-        return v.dtype == DType::bf16 ? ElementType::bf16 : arg(id).type;
+        return device == Device::cpu ? ElementType::bf16 : ElementType::u16;
     default:
         return arg(id).type;
     }

@@ -1,5 +1,5 @@
-// The contract (contract/mha_contract.h) as the generators see it: which CPU instruction set a
-// Halide target compiles for, and element types as Halide types.
+// The contract (contract/mha_contract.h) as the generators see it: which CPU instruction set or
+// device a Halide target compiles for, and element types as Halide types.
 #pragma once
 
 #include <string>
@@ -25,6 +25,23 @@ inline const contract::CpuIsa &cpu_isa_of(const Halide::Target &target) {
         "CPU kernels are built for the CPU instruction sets of "
         "contract/mha_contract.h (kCpuIsas) only, not " +
         target.to_string());
+}
+
+// The device a target's kernels run on: the contract's GPU target of the same device API, or
+// the CPU.
+inline Device device_of(const Halide::Target &target) {
+    for (const contract::GpuTarget &g : contract::kGpuTargets) {
+        const Halide::Target want(std::string(g.halide_target));
+        if (target.has_gpu_feature() &&
+            target.get_required_device_api() == want.get_required_device_api()) {
+            return g.device;
+        }
+    }
+    if (target.has_gpu_feature()) {
+        throw Halide::CompileError(
+            "GPU kernels are built for the contract's GPU targets only, not " + target.to_string());
+    }
+    return Device::cpu;
 }
 
 inline Halide::Type halide_type_of(contract::ElementType type) {

@@ -23,11 +23,13 @@ using mha::contract::ArgKind;
 // passes (checked again at compile time by the runtime's kernel tables).
 class ContractArguments {
 public:
-    void declare(Internal::GeneratorBase &gen, const mha::contract::KernelVariant &variant) {
+    void declare(Internal::GeneratorBase &gen, const mha::contract::KernelVariant &variant,
+                 const Target &target) {
+        const mha::Device device = mha::device_of(target);
         for (ArgId id : mha::contract::kernel_arguments(variant)) {
             const mha::contract::ArgSpec &a = mha::contract::arg(id);
             const std::string name(a.name);
-            const Type type = mha::halide_type_of(mha::contract::arg_type(id, variant));
+            const Type type = mha::halide_type_of(mha::contract::arg_type(id, variant, device));
             switch (a.kind) {
             case ArgKind::input_buffer:
                 buffers_[id] = gen.add_input<Buffer<>>(name, type, a.rank);
@@ -98,8 +100,9 @@ public:
     // Self-attention with query = key = value: one fused QKV projection.
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
     GeneratorParam<bool> causal{"causal", false};
-    // bf16: activations and projection weights in bf16, the projections on the matrix engine
-    // (targets of the contract's bf16 instruction set only).
+    // bf16 or f16: activations and projection weights in 16 bits. On the CPU (bf16, the
+    // contract's bf16 instruction set only) the products run on the matrix engine; on GPUs the
+    // kernels widen them to f32 as they read them.
     GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     // CPU schedule parameters, "name:value,..." (schedules/cpu_params.h); the hand-written
     // defaults of the target's instruction set where empty.
@@ -115,7 +118,7 @@ public:
         return {
             mha::contract::KernelOp::forward, mask_kind, return_weights, fused_qkv, causal, dtype};
     }
-    void configure() { args_.declare(*this, variant()); }
+    void configure() { args_.declare(*this, variant(), get_target()); }
 
     void generate() {
         const bool fused = fused_qkv;
@@ -125,22 +128,29 @@ public:
         in.head_dim = args_.scalar(ArgId::head_dim);
         in.query_len = query.dim(1).extent();
         in.batch = query.dim(2).extent();
-        in.query = query;
+        // Inputs the contract gives as 16-bit bits (a GPU kernel of a 16-bit dtype) are widened
+        // to f32 where they are read.
+        const bool widened = query.type() == UInt(16);
+        const auto read = [&](ArgId id, const std::string &name) -> Func {
+            return widened ? mha::widened_to_f32(input(id), dtype, name) : Func(input(id));
+        };
+        in.query = read(ArgId::query, "query_f32");
         in.kv_heads = args_.scalar(ArgId::kv_heads);
         in.padded = mha::contract::padded_features(in.embed_dim, in.head_dim);
         in.padded_kv = mha::contract::padded_features(in.kv_heads * in.head_dim, in.head_dim);
-        // A projection's weights: Wᵀ panels in f32, bf16 tiles for the matrix engine.
-        in.tile_products = dtype == mha::DType::bf16;
-        if (in.tile_products && mha::cpu_isa_of(get_target()).dtype != mha::DType::bf16) {
-            throw CompileError(
-                "bf16 forward kernels are for the contract's bf16 instruction set, "
-                "not " +
-                get_target().to_string());
+        // A projection's weights: Wᵀ panels (of 16-bit bits on a GPU), or bf16 tiles for the
+        // CPU's matrix engine.
+        in.tile_products = !get_target().has_gpu_feature() && dtype != mha::DType::f32;
+        if (in.tile_products && mha::cpu_isa_of(get_target()).dtype != dtype) {
+            throw CompileError(std::string(mha::contract::dtype_name(dtype)) +
+                               " forward kernels are for GPUs and the contract's CPU instruction "
+                               "set of that dtype, not " +
+                               get_target().to_string());
         }
         const auto weights = [&](ArgId id, const std::string &name) -> Func {
             GeneratorInput<Buffer<>> &w = input(id);
             if (!in.tile_products) {
-                return mha::panel_view(w, name);
+                return mha::panel_view(read(id, name + "_panels"), name);
             }
             // Each tile contiguous, pairs innermost: the layout the tile loads need.
             w.dim(0).set_bounds(0, 2).set_stride(1);
@@ -158,8 +168,8 @@ public:
             in.num_keys = input(ArgId::key).dim(1).extent();
             in.key_features = input(ArgId::key).dim(0).extent();
             in.value_features = input(ArgId::value).dim(0).extent();
-            in.key = input(ArgId::key);
-            in.value = input(ArgId::value);
+            in.key = read(ArgId::key, "key_f32");
+            in.value = read(ArgId::value, "value_f32");
             in.q_weight_t = weights(ArgId::q_weight, "q_weight_t");
             in.k_weight_t = weights(ArgId::k_weight, "k_weight_t");
             in.v_weight_t = weights(ArgId::v_weight, "v_weight_t");
@@ -271,8 +281,10 @@ public:
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
-        args_.declare(*this, {mha::contract::KernelOp::qkv_projection,
-                              mha::contract::MaskKind::none, false, true});
+        args_.declare(
+            *this,
+            {mha::contract::KernelOp::qkv_projection, mha::contract::MaskKind::none, false, true},
+            get_target());
     }
 
     void generate() {
@@ -309,7 +321,8 @@ public:
         if (mask_kind == mha::contract::MaskKind::additive) {
             throw CompileError("decode kernels take a byte key-padding mask or none");
         }
-        args_.declare(*this, {mha::contract::KernelOp::decode, mask_kind, false, true});
+        args_.declare(*this, {mha::contract::KernelOp::decode, mask_kind, false, true},
+                      get_target());
     }
 
     void generate() {
@@ -356,7 +369,9 @@ class AverageHeads : public Generator<AverageHeads> {
 public:
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
-    void configure() { args_.declare(*this, {mha::contract::KernelOp::average_heads}); }
+    void configure() {
+        args_.declare(*this, {mha::contract::KernelOp::average_heads}, get_target());
+    }
 
     void generate() {
         GeneratorInput<Buffer<>> &heads = args_.input(ArgId::head_weights);

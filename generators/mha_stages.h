@@ -83,6 +83,17 @@ inline Projection linear_projection(const StageVars &v, const TokenRows &rows,
     return p;
 }
 
+// The bits of a bf16 or an f16 tensor (contract::ElementType::u16) as f32, exactly, by
+// Halide's own conversions (integer operations, which every GPU backend compiles): what a GPU
+// kernel of a 16-bit dtype computes on.
+inline Halide::Func widened_to_f32(const Halide::Func &bits, DType dtype, const std::string &name) {
+    std::vector<Halide::Var> x(size_t(bits.dimensions()));
+    Halide::Func f32(name);
+    f32(x) = dtype == DType::bf16 ? Halide::Internal::bfloat16_to_float32(bits(x))
+                                  : Halide::Internal::float16_to_float32(bits(x));
+    return f32;
+}
+
 // An f32 value rounded to the nearest even bf16, NaN kept quiet, written as integer operations
 // (Halide 21 emulates an f32 -> bf16 cast the same way, with a warning per kernel).
 inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -157,6 +158,9 @@ TEST_P(GpuVariants, MatchReference) {
     }
     const Dims d = v.fused_qkv ? Dims{2, 19, 19, 24, 3} : Dims{2, 13, 37, 24, 3};
     Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), v.fused_qkv);
+    // 16-bit tensors and weights, which the kernel widens exactly and computes on in f32: the
+    // reference, fed the same rounded values, agrees to f32 accuracy.
+    p.dtype = v.dtype;
     if (v.mask == mha::contract::MaskKind::bytes) {
         mha::reference::add_random_mask(p, MaskConvention::keep,
                                         {d.batch, 1, d.query_len, d.key_len},
@@ -191,6 +195,7 @@ TEST_P(GpuVariants, MatchReference) {
             EXPECT_EQ(k.fused_qkv, v.fused_qkv);
             EXPECT_EQ(k.causal, v.causal);
             EXPECT_EQ(k.device, device);
+            EXPECT_EQ(k.dtype, v.dtype);
         }
     }
     EXPECT_TRUE(found) << name;
@@ -198,7 +203,8 @@ TEST_P(GpuVariants, MatchReference) {
                              v.returns_weights);
 }
 
-// Names: device, mask kind, causal, QKV, weights (e.g. cuda_bytes_causal_fused_weights).
+// Names: device, mask kind, causal, QKV, weights, 16-bit dtype (e.g.
+// cuda_bytes_causal_fused_weights_bf16).
 std::string variant_label(const ::testing::TestParamInfo<DeviceVariant> &info) {
     const DeviceVariant &d = info.param;
     const mha::contract::KernelVariant &v = d.variant;
@@ -207,7 +213,9 @@ std::string variant_label(const ::testing::TestParamInfo<DeviceVariant> &info) {
            (v.fused_qkv ? "_fused" : "_separate") +
            (d.averaged          ? "_averaged"
             : v.returns_weights ? "_weights"
-                                : "");
+                                : "") +
+           (v.dtype == mha::DType::f32 ? ""
+                                       : "_" + std::string(mha::contract::dtype_name(v.dtype)));
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryForwardKernel, GpuVariants, ::testing::ValuesIn(device_variants()),
@@ -318,22 +326,34 @@ TEST_P(Gpu, KeyCountsAcrossTileEdges) {
     }
 }
 
-// bf16 and f16 tensors (converted on the host) with a module of that dtype on the device.
-TEST_P(Gpu, SixteenBitTensors) {
+// A module of a 16-bit dtype runs that dtype's kernels, on 16-bit tensors as they are and on f32
+// ones rounded to it on the host (as the reference rounds them).
+TEST_P(Gpu, SixteenBitModules) {
     for (mha::DType dtype : {mha::DType::bf16, mha::DType::f16}) {
+        SCOPED_TRACE(mha::contract::dtype_name(dtype));
         Problem p = mha::reference::random_problem({2, 7, 9, 24, 3}, mha::testing::next_seed());
         p.dtype = dtype;
         const auto module = mha::reference::make_module(p, device());
+        const mha::Tensor query = mha::reference::query_view(p);
+        const mha::Tensor key = mha::reference::key_view(p);
+        const mha::Tensor value = mha::reference::value_view(p);
+        const std::string kernel = module.kernel_name(query, key, value);
+        EXPECT_EQ(kernel.substr(kernel.rfind('_') + 1), mha::contract::dtype_name(dtype)) << kernel;
         expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+        std::vector<float> output(p.query.size());
+        module.forward(query, key, value, {output.data(), query.shape});
+        EXPECT_LT(mha::reference::relative_l2(output, mha::reference::forward(p).output),
+                  kTolerance);
     }
 }
 
 // A Halide-managed device buffer: a cl_mem or a CUDA device pointer, as a user would hold one.
-// Dimensions innermost first.
+// Dimensions innermost first; f32 elements, or the bits of bf16 or f16 (uint16_t).
+template <typename Element = float>
 struct DeviceTensor {
     Device device;
-    Halide::Runtime::Buffer<float> buffer;
-    DeviceTensor(Device device, std::vector<float> &host, const std::vector<int> &extents)
+    Halide::Runtime::Buffer<Element> buffer;
+    DeviceTensor(Device device, std::vector<Element> &host, const std::vector<int> &extents)
         : device(device), buffer(host.data(), extents) {
         buffer.set_host_dirty();
         EXPECT_EQ(buffer.copy_to_device(device == Device::cuda ? halide_cuda_device_interface()
@@ -358,9 +378,9 @@ TEST_P(Gpu, DeviceResidentTensorsAreUsedInPlace) {
     std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
     std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
     const int B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim, H = d.num_heads;
-    DeviceTensor q(device(), query, {E, Sq, B}), k(device(), key, {E, Sk, B});
-    DeviceTensor v(device(), value, {E, Sk, B}), out(device(), output, {E, Sq, B});
-    DeviceTensor w(device(), weights, {Sk, Sq, H, B});
+    DeviceTensor<> q(device(), query, {E, Sq, B}), k(device(), key, {E, Sk, B});
+    DeviceTensor<> v(device(), value, {E, Sk, B}), out(device(), output, {E, Sq, B});
+    DeviceTensor<> w(device(), weights, {Sk, Sq, H, B});
     // Only device handles: the library never sees these host arrays.
     module.forward({nullptr, {B, Sq, E}, q.handle()}, {nullptr, {B, Sk, E}, k.handle()},
                    {nullptr, {B, Sk, E}, v.handle()}, {nullptr, {B, Sq, E}, out.handle()},
@@ -369,6 +389,43 @@ TEST_P(Gpu, DeviceResidentTensorsAreUsedInPlace) {
     w.read_back();
     expect_matches_reference(p, {output, weights}, true);
 }
+// A bf16 module's kernels read device-resident bf16 inputs in place; the output is f32 on the
+// device. A bf16 output there cannot be converted (the kernels write f32): a clear error.
+TEST_P(Gpu, DeviceResidentSixteenBitInputs) {
+    const Dims d{2, 5, 9, 16, 4};
+    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+    p.dtype = mha::DType::bf16;
+    const auto module = mha::reference::make_module(p, device());
+    const auto bits = [](const std::vector<float> &x) {
+        std::vector<uint16_t> b(x.size());
+        std::transform(x.begin(), x.end(), b.begin(),
+                       [](float v) { return mha::to_bfloat16(v).bits; });
+        return b;
+    };
+    std::vector<uint16_t> query = bits(p.query), key = bits(p.key), value = bits(p.value);
+    std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
+    const int B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim;
+    DeviceTensor<uint16_t> q(device(), query, {E, Sq, B}), k(device(), key, {E, Sk, B});
+    DeviceTensor<uint16_t> v(device(), value, {E, Sk, B});
+    DeviceTensor<> out(device(), output, {E, Sq, B});
+    const auto on_device = [](DeviceTensor<uint16_t> &t, std::vector<int64_t> shape) {
+        return mha::BF16Tensor{nullptr, std::move(shape), t.handle()};
+    };
+    module.forward(on_device(q, {B, Sq, E}), on_device(k, {B, Sk, E}), on_device(v, {B, Sk, E}),
+                   mha::MutableTensor{nullptr, {B, Sq, E}, out.handle()});
+    out.read_back();
+    expect_matches_reference(p, {output, {}}, false);
+    try {
+        module.forward(on_device(q, {B, Sq, E}), on_device(k, {B, Sk, E}), on_device(v, {B, Sk, E}),
+                       mha::MutableBF16Tensor{nullptr, {B, Sq, E}, out.handle()});
+        FAIL() << "no error for a device-resident bf16 output";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(),
+                     "output has a device_handle but the kernels write f32, which 16-bit outputs "
+                     "are converted from on the host");
+    }
+}
+
 // Device faults, each provoked through one of PoCL's settings in a process of its own
 // (tests/CMakeLists.txt runs each test with its variable): they raise mha::Error from the call
 // that met them, as the CPU's do, naming what failed and with the driver's words.

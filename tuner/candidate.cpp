@@ -28,10 +28,9 @@ Workload::Workload(const contract::ProblemShape &shape, uint64_t seed, const con
         std::array<const Linear *, 4>{&lin[0], &lin[1], &lin[2], &lin[3]}, isa.dtype);
     const Linear *linears[4] = {&rounded.linears[0], &rounded.linears[1], &rounded.linears[2],
                                 &rounded.linears[3]};
-    const bool tiles = isa.dtype != DType::f32;
     weights = std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears,
-                                                      nullptr, tiles);
-    if (tiles) {
+                                                      nullptr, isa.dtype);
+    if (isa.dtype != DType::f32) {
         for (auto [from, to] : {std::pair{reference::query_view(problem), &query},
                                 {reference::key_view(problem), &key},
                                 {reference::value_view(problem), &value}}) {
@@ -126,9 +125,8 @@ int Candidate::run(Workload &work) const {
     values[size_t(contract::ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
         // As the library's call: a matrix engine's kernel reads the bf16 tiles where they exist.
-        const std::optional<detail::HostBuffer> &tiles = work.weights->tile_buffers[id];
         const std::optional<detail::HostBuffer> &weights =
-            bf16 && tiles ? tiles : work.weights->buffers[id];
+            work.weights->kernel_buffer(contract::ArgId(id), bf16 ? DType::bf16 : DType::f32);
         if (weights) {
             values[id] = weights->raw_buffer();
         }

@@ -35,9 +35,11 @@ inline HostBuffer view_buffer(const void *data, halide_type_t type,
     return view_buffer(data, type, int(shape.size()), shape.begin(), strides.begin());
 }
 
-// A dense row-major tensor.
+// A dense row-major tensor, of `type` (a kernel's 16-bit arguments take bf16 and f16 as their
+// bits, contract::ElementType::u16).
 template <typename T>
-HostBuffer dense_buffer(const TensorView<T> &t) {
+HostBuffer dense_buffer(const TensorView<T> &t,
+                        halide_type_t type = halide_type_of<std::remove_const_t<T>>()) {
     const int rank = int(t.shape.size());
     std::array<int64_t, kMaxRank> strides{};
     int64_t stride = 1;
@@ -45,8 +47,7 @@ HostBuffer dense_buffer(const TensorView<T> &t) {
         strides[d] = stride;
         stride *= t.shape[d];
     }
-    return view_buffer(t.data, halide_type_of<std::remove_const_t<T>>(), rank, t.shape.data(),
-                       strides.data());
+    return view_buffer(t.data, type, rank, t.shape.data(), strides.data());
 }
 
 }  // namespace mha::detail

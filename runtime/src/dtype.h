@@ -93,12 +93,22 @@ private:
 };
 using ScratchFloats = Scratch<float>;
 
-inline constexpr const char *kConvertedOnHost = "16-bit tensors are converted on the host";
+inline constexpr const char *kConvertedOnHost =
+    "the kernels read it in another element type, to which it is converted on the host";
+inline constexpr const char *kOutputConvertedOnHost =
+    "the kernels write f32, which 16-bit outputs are converted from on the host";
 
-// A call's tensor of type In as the kernels read it, of type K (f32; bf16 for the matrix
-// engine), rounded to the module's `dtype`: a view of the caller's memory when that changes
-// nothing, else a copy in scratch memory held for the call. `shares` converts nothing when
-// another tensor of the call is the same view (self-attention keeps its fused QKV projection).
+// Whether two views are the same tensor: the same memory (host or device) and shape.
+template <typename T>
+bool same_view(const TensorView<T> &a, const TensorView<T> &b) {
+    return a.data == b.data && a.device_handle == b.device_handle && a.shape == b.shape;
+}
+
+// A call's tensor of type In as the kernels read it, of type K (f32, or the module's 16-bit
+// type for the matrix engine and GPUs), rounded to the module's `dtype`: a view of the
+// caller's memory (on the host or a device) when that changes nothing, else a copy in scratch
+// memory held for the call. `shares` converts nothing when another tensor of the call is the
+// same view (self-attention keeps its fused QKV projection).
 template <typename In, typename K = float>
 class ConvertedInput {
 public:
@@ -106,9 +116,7 @@ public:
                    const ConvertedInput *shares = nullptr)
         : source_(t) {
         check_view(name, t, 3, "[batch, sequence, features]");
-        check_on_host(name, t, kConvertedOnHost);
-        if (shares != nullptr && shares->source_.data == t.data &&
-            shares->source_.shape == t.shape) {
+        if (shares != nullptr && same_view(shares->source_, t)) {
             view_ = shares->view_;
             return;
         }
@@ -118,6 +126,7 @@ public:
                 return;
             }
         }
+        check_on_host(name, t, kConvertedOnHost);
         const int64_t n = t.shape[0] * t.shape[1] * t.shape[2];  // fits: check_view
         memory_.emplace(n);
         convert(t.data, memory_->data(), n);
@@ -142,10 +151,10 @@ class ConvertedOutput {
 public:
     ConvertedOutput(const char *name, const TensorView<Out> &t) : target_(t) {
         check_view(name, t, 3, "[batch, sequence, embed_dim]");
-        check_on_host(name, t, kConvertedOnHost);
         if constexpr (std::is_same_v<Out, float>) {
             view_ = t;
         } else {
+            check_on_host(name, t, kOutputConvertedOnHost);
             memory_.emplace(count());
             view_ = MutableTensor{memory_->data(), t.shape};
         }

@@ -37,6 +37,16 @@ const CompiledKernel *find_kernel(const KernelComponent &component, int isa, int
     return nullptr;
 }
 
+bool has_forward_kernels(const KernelComponent &component, DType dtype) {
+    for (size_t k = 0; k < component.count; k++) {
+        const contract::KernelVariant &v = component.kernels[k].variant;
+        if (v.op == contract::KernelOp::forward && v.dtype == dtype) {
+            return true;
+        }
+    }
+    return false;
+}
+
 }  // namespace detail
 
 std::vector<KernelInfo> linked_kernels() {

@@ -42,6 +42,10 @@ const KernelComponent *linked_component(Device device);
 const CompiledKernel *find_kernel(const KernelComponent &component, int isa, int64_t token_rows,
                                   const contract::KernelVariant &variant);
 
+// Whether `component` has forward kernels of `dtype` (a GPU build may leave the 16-bit ones out,
+// MHA_GPU_DTYPES).
+bool has_forward_kernels(const KernelComponent &component, DType dtype);
+
 constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind kind) {
     switch (kind) {
     case contract::ArgKind::input_buffer:
@@ -54,11 +58,17 @@ constexpr HalideFunctionInfo::ArgumentKind function_info_kind(contract::ArgKind 
     return HalideFunctionInfo::InputScalar;
 }
 
+// The Halide type of argument `id` of a kernel.
+constexpr halide_type_t argument_type(const CompiledKernel &kernel, contract::ArgId id) {
+    return contract::halide_type(contract::arg_type(id, kernel.variant, kernel.device));
+}
+
 // Whether a generated kernel's arguments (its function_info header) are the user_context and
-// then exactly the contract's arguments of `variant`: same names, order, kinds, ranks, types.
+// then exactly the contract's arguments of `variant` on `device`: same names, order, kinds,
+// ranks, types.
 template <size_t N>
 constexpr bool takes_contract_arguments(const std::array<HalideFunctionInfo::ArgumentInfo, N> &info,
-                                        const contract::KernelVariant &variant) {
+                                        const contract::KernelVariant &variant, Device device) {
     const contract::ArgList args = contract::kernel_arguments(variant);
     if (N != args.size() + 1 || info[0].name != "__user_context") {
         return false;
@@ -68,7 +78,7 @@ constexpr bool takes_contract_arguments(const std::array<HalideFunctionInfo::Arg
         const HalideFunctionInfo::ArgumentInfo &got = info[i + 1];
         if (got.name != want.name || got.kind != function_info_kind(want.kind) ||
             got.dimensions != want.rank ||
-            got.type != contract::halide_type(contract::arg_type(args[i], variant))) {
+            got.type != contract::halide_type(contract::arg_type(args[i], variant, device))) {
             return false;
         }
     }

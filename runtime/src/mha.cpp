@@ -124,13 +124,17 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         }
     }
     const detail::KernelComponent *component = component_for(device);
-    // Modules narrower than one tile slice of features gain nothing from the matrix engine, and
-    // their outputs, sums of a few terms, would carry the bf16 rounding of the merged heads
-    // almost undiluted (relative L2 2e-2 seen at E = 1): they run the f32 kernels.
-    const bool matrix_engine = device == Device::cpu && E >= contract::kBf16TileDepth &&
-                               detail::matrix_isa(dtype).has_value();
+    // The dtype the forward kernels read: the module's on a GPU whose library has its kernels
+    // (MHA_GPU_DTYPES). On the CPU, bf16 where the matrix engine runs it: modules narrower than
+    // one tile slice of features gain nothing from it, and their outputs, sums of a few terms,
+    // would carry the bf16 rounding of the merged heads almost undiluted (relative L2 2e-2 seen
+    // at E = 1). Elsewhere f32, on the rounded values.
+    const bool own_kernels = device == Device::cpu ? E >= contract::kBf16TileDepth &&
+                                                         detail::matrix_isa(dtype).has_value()
+                                                   : detail::has_forward_kernels(*component, dtype);
+    const DType kernel_dtype = own_kernels ? dtype : DType::f32;
     packed_ = std::make_shared<const detail::PackedWeights>(
-        E, num_heads, linears, device == Device::cpu ? nullptr : component, matrix_engine);
+        E, num_heads, linears, device == Device::cpu ? nullptr : component, kernel_dtype);
 }
 
 namespace {
@@ -361,9 +365,7 @@ MultiHeadAttention::Call MultiHeadAttention::prepare(const Tensor &query, const 
 std::string MultiHeadAttention::kernel_name(const Tensor &query, const Tensor &key,
                                             const Tensor &value,
                                             const ForwardOptions &options) const {
-    // A module with bf16 tiles runs every forward pass on the matrix engine's kernels.
-    const DType kernel_dtype = packed_->has_bf16_tiles() ? DType::bf16 : DType::f32;
-    return std::string(prepare(query, key, value, options, kernel_dtype).kernel->name);
+    return std::string(prepare(query, key, value, options, packed_->kernel_dtype).kernel->name);
 }
 
 void MultiHeadAttention::forward(const Tensor &query, const Tensor &key, const Tensor &value,
@@ -399,24 +401,32 @@ void MultiHeadAttention::forward_converted(const TensorView<const In> &query,
     prepare(unread(query), unread(key), unread(value), options);
     check_tensor("output", output, std::array{query.shape[0], query.shape[1], embed_dim_});
     const detail::ConvertedOutput<Out> out("output", output);
-    // The matrix engine's kernels read bf16 (f32 inputs rounded, bf16 ones as they are); the
-    // others f32 (16-bit inputs widened).
+    // 16-bit kernels (the matrix engine's, a GPU's) read the module's dtype: f32 inputs rounded,
+    // 16-bit ones as they are; f32 kernels read f32, 16-bit inputs widened. Inputs are of the
+    // module's dtype or f32 (check_activations).
     const auto run = [&](auto kernel_element) {
         using K = decltype(kernel_element);
         const detail::ConvertedInput<In, K> q("query", query, dtype_);
         const detail::ConvertedInput<In, K> k("key", key, dtype_, &q);
         const detail::ConvertedInput<In, K> v("value", value, dtype_,
-                                              value.data == query.data ? &q : &k);
+                                              detail::same_view(value, query) ? &q : &k);
         forward_kernels(q.view(), k.view(), v.view(), out.view(), options);
     };
-    if constexpr (!std::is_same_v<In, float16>) {  // f16 has no matrix-engine kernels
-        if (packed_->has_bf16_tiles()) {
+    switch (packed_->kernel_dtype) {
+    case DType::f32:
+        run(float{});
+        break;
+    case DType::bf16:
+        if constexpr (!std::is_same_v<In, float16>) {
             run(bfloat16{});
-            out.finish();
-            return;
         }
+        break;
+    case DType::f16:
+        if constexpr (!std::is_same_v<In, bfloat16>) {
+            run(float16{});
+        }
+        break;
     }
-    run(float{});
     out.finish();
 }
 
@@ -462,8 +472,11 @@ void MultiHeadAttention::forward_kernels(const TensorView<const T> &query,
     }
 
     // Buffers for every argument the variant takes; the kernel reads them in contract order.
-    detail::HostBuffer q = detail::dense_buffer(query), k = detail::dense_buffer(key);
-    detail::HostBuffer v = detail::dense_buffer(value), out = detail::dense_buffer(output);
+    const auto typed = [&](ArgId id, const auto &t) {
+        return detail::dense_buffer(t, detail::argument_type(*call.kernel, id));
+    };
+    detail::HostBuffer q = typed(ArgId::query, query), k = typed(ArgId::key, key);
+    detail::HostBuffer v = typed(ArgId::value, value), out = detail::dense_buffer(output);
     detail::HostBuffer mask_buffer, weights_buffer;
     std::vector<uint8_t> combined_bytes;
     std::vector<float> combined_floats;
@@ -505,11 +518,9 @@ void MultiHeadAttention::forward_kernels(const TensorView<const T> &query,
     int32_t kv_heads = static_cast<int32_t>(num_kv_heads());
     values[size_t(ArgId::kv_heads)] = &kv_heads;
     for (size_t id = 0; id < contract::kArgCount; id++) {
-        // Kernels only read the weights: one prepacked copy serves concurrent calls. The matrix
-        // engine's take the projection weights as bf16 tiles.
+        // Kernels only read the weights: one prepacked copy serves concurrent calls.
         const std::optional<detail::HostBuffer> &w =
-            kernel_dtype == DType::bf16 && packed_->tile_buffers[id] ? packed_->tile_buffers[id]
-                                                                     : packed_->buffers[id];
+            packed_->kernel_buffer(ArgId(id), kernel_dtype);
         if (w) {
             values[id] = const_cast<halide_buffer_t *>(w->raw_buffer());
         }

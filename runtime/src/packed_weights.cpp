@@ -45,11 +45,20 @@ std::vector<uint16_t> bf16_tiles(const std::vector<std::pair<const Linear *, int
     return tiles;
 }
 
+// The bf16 or f16 bits of `x`, whose values that type holds (the module rounded its weights).
+std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
+    std::vector<uint16_t> bits(x.size());
+    for (size_t i = 0; i < x.size(); i++) {
+        bits[i] = dtype == DType::bf16 ? to_bfloat16(x[i]).bits : to_float16(x[i]).bits;
+    }
+    return bits;
+}
+
 }  // namespace
 
 PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4],
-                             const KernelComponent *gpu, bool with_bf16_tiles)
-    : embed_dim(E) {
+                             const KernelComponent *gpu, DType kernel_dtype)
+    : embed_dim(E), kernel_dtype(kernel_dtype) {
     const int64_t d = E / num_heads;
     for (int p = 0; p < 4; p++) {
         in_features[p] = linears[p]->weight.shape[1];
@@ -76,48 +85,72 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
     out_bias.assign(P, 0.0f);
     pack_linear(*linears[3], E, out_panels.data(), out_bias.data());
 
-    const auto f32 = halide_type_of<float>();
-    const auto panels = [&](ArgId id, const float *first, int64_t features, int64_t in) {
-        buffers[size_t(id)] = view_buffer(first, f32, {features / kWeightPanel, in, kWeightPanel},
-                                          {in * kWeightPanel, kWeightPanel, 1});
+    // Panels of `features` output features over `in` input features from `first`, of `type`.
+    const auto panels = [&](std::array<std::optional<HostBuffer>, contract::kArgCount> &to,
+                            ArgId id, const void *first, halide_type_t type, int64_t features,
+                            int64_t in) {
+        to[size_t(id)] = view_buffer(first, type, {features / kWeightPanel, in, kWeightPanel},
+                                     {in * kWeightPanel, kWeightPanel, 1});
     };
     const auto row = [&](ArgId id, const float *first, int64_t features) {
-        buffers[size_t(id)] = view_buffer(first, f32, {features}, {1});
+        buffers[size_t(id)] = view_buffer(first, halide_type_of<float>(), {features}, {1});
     };
+    // The projections' panels from the stacked q, k, v ones and out's, in f32 or 16-bit bits.
+    const ArgId weight_ids[] = {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight};
+    const auto all_panels = [&](std::array<std::optional<HostBuffer>, contract::kArgCount> &to,
+                                const auto *qkv, const auto *out, halide_type_t type) {
+        if (stacked()) {
+            panels(to, ArgId::qkv_weight, qkv, type, P + 2 * Pkv, E);
+        }
+        for (int p = 0; p < projections; p++) {
+            panels(to, weight_ids[p], qkv + first_panel[p], type, widths[p], in_features[p]);
+        }
+        panels(to, ArgId::out_weight, out, type, P, E);
+    };
+    all_panels(buffers, qkv_panels.data(), out_panels.data(), halide_type_of<float>());
     if (stacked()) {
-        panels(ArgId::qkv_weight, qkv_panels.data(), P + 2 * Pkv, E);
         row(ArgId::qkv_bias, qkv_bias.data(), P + 2 * Pkv);
     }
-    const ArgId weight_ids[] = {ArgId::q_weight, ArgId::k_weight, ArgId::v_weight};
     const ArgId bias_ids[] = {ArgId::q_bias, ArgId::k_bias, ArgId::v_bias};
     for (int p = 0; p < projections; p++) {
-        panels(weight_ids[p], qkv_panels.data() + first_panel[p], widths[p], in_features[p]);
         row(bias_ids[p], qkv_bias.data() + contract::qkv_block_offset(p, P, Pkv), widths[p]);
     }
-    panels(ArgId::out_weight, out_panels.data(), P, E);
     row(ArgId::out_bias, out_bias.data(), P);
 
-    if (with_bf16_tiles) {
+    narrow_weights.reserve(5);  // the buffers point into its vectors: they never move
+    if (kernel_dtype != DType::f32 && gpu != nullptr) {
+        const std::vector<uint16_t> &qkv =
+            narrow_weights.emplace_back(bits_of(qkv_panels, kernel_dtype));
+        const std::vector<uint16_t> &out =
+            narrow_weights.emplace_back(bits_of(out_panels, kernel_dtype));
+        contract::KernelVariant narrow;
+        narrow.dtype = kernel_dtype;
+        all_panels(
+            narrow_buffers, qkv.data(), out.data(),
+            contract::halide_type(contract::arg_type(ArgId::out_weight, narrow, gpu->device)));
+    } else if (kernel_dtype == DType::bf16) {
         const auto tile_buffer = [&](ArgId id, const std::vector<uint16_t> &t) {
             const int64_t width = contract::kBf16TileWidth;
-            tile_buffers[size_t(id)] =
+            narrow_buffers[size_t(id)] =
                 view_buffer(t.data(), halide_type_of<bfloat16>(),
                             {int64_t(t.size()) / (2 * width), width, 2}, {2 * width, 2, 1});
         };
         if (stacked()) {
-            qkv_tiles = bf16_tiles({{linears[0], P}, {linears[1], Pkv}, {linears[2], Pkv}}, E);
-            tile_buffer(ArgId::qkv_weight, qkv_tiles);
+            tile_buffer(ArgId::qkv_weight,
+                        narrow_weights.emplace_back(bf16_tiles(
+                            {{linears[0], P}, {linears[1], Pkv}, {linears[2], Pkv}}, E)));
         }
         for (int p = 0; p < projections; p++) {
-            projection_tiles[p] = bf16_tiles({{linears[p], widths[p]}}, in_features[p]);
-            tile_buffer(weight_ids[p], projection_tiles[p]);
+            tile_buffer(weight_ids[p], narrow_weights.emplace_back(
+                                           bf16_tiles({{linears[p], widths[p]}}, in_features[p])));
         }
-        projection_tiles[3] = bf16_tiles({{linears[3], P}}, E);
-        tile_buffer(ArgId::out_weight, projection_tiles[3]);
+        tile_buffer(ArgId::out_weight,
+                    narrow_weights.emplace_back(bf16_tiles({{linears[3], P}}, E)));
     }
 
     if (gpu != nullptr) {
-        for (std::optional<HostBuffer> &b : buffers) {
+        for (size_t id = 0; id < contract::kArgCount; id++) {
+            std::optional<HostBuffer> &b = narrow_buffers[id] ? narrow_buffers[id] : buffers[id];
             if (b) {
                 CallContext context;
                 place_on_device(*b, 0, /*is_input=*/true, *gpu, context, "the module's weights");

@@ -1,5 +1,6 @@
 # cmake -DPROJECT_BUILD=<dir> -DWORK=<dir> -DCONSUMER=<examples/consumer> -DMAKE_PROGRAM=<ninja>
 #       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF [-DCPU_ISA=<isa>]
+#        [-DGPU_DTYPES=<MHA_GPU_DTYPES>]
 #        [-DGENERATORS=<host build whose generators it runs>]]
 #       [-DTOOLCHAIN=<toolchain file> -DEMULATOR=<program|arguments> -DCXX=<compiler>]
 #       -P consume_installed.cmake
@@ -36,6 +37,7 @@ if (DEFINED SHARED_FROM)
         -DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM} -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON
         -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCHMARKS=OFF
         -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR} -DMHA_CPU_ISAS=${CPU_ISA}
+        -DMHA_GPU_DTYPES=${GPU_DTYPES}
         -Dmha-halide_generators_ROOT=${GENERATORS})
     run(${CMAKE_COMMAND} --build ${PROJECT_BUILD})
 endif ()

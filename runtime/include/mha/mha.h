@@ -196,9 +196,10 @@ public:
     // `dtype` is the element type the module computes in: its weights are rounded to it here,
     // once, and the activations of a call to it on entry (f32 ones rounded, 16-bit ones of its
     // own type as they are; a 16-bit tensor of the other type raises mha::Error). The kernels
-    // then run in f32: the result is f32 arithmetic on inputs and weights rounded to `dtype`,
-    // what a bf16 or f16 model gives with f32 accumulation. Weights may arrive in bf16 or f16
-    // (widened exactly).
+    // accumulate in f32: on GPUs (kernels that read the 16-bit values) and on CPUs without a
+    // matrix engine the result is f32 arithmetic on inputs and weights rounded to `dtype`; on
+    // the CPU's matrix engine (bf16) the products' operands are rounded to bf16 too (README).
+    // Weights may arrive in bf16 or f16 (widened exactly).
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                        const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
                        Device device = Device::cpu, DType dtype = DType::f32);
@@ -237,8 +238,10 @@ public:
     void forward(const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<Mask> &mask = std::nullopt,
                  const std::optional<MutableTensor> &weights = std::nullopt) const;
-    // bf16 or f16 activations (host tensors), the output in f32 or in the inputs' type (rounded
-    // to the nearest even); masks and weights as in the f32 call.
+    // bf16 or f16 activations, the output in f32 or in the inputs' type (rounded to the nearest
+    // even); masks and weights as in the f32 call. On a GPU module of the inputs' dtype they may
+    // be device-resident (its kernels read them as they are), as may an f32 output; conversions
+    // (another dtype, a 16-bit output) run on the host.
     void forward(const BF16Tensor &query, const BF16Tensor &key, const BF16Tensor &value,
                  const MutableBF16Tensor &output, const ForwardOptions &options = {}) const;
     void forward(const BF16Tensor &query, const BF16Tensor &key, const BF16Tensor &value,
@@ -339,7 +342,9 @@ struct KernelInfo {
     bool returns_weights;
     bool fused_qkv;
     bool causal;
-    DType dtype;  // of its activations and projection weights (bf16: the matrix engine's)
+    // Of its activations and projection weights: on the CPU bf16 for the matrix engine; on GPUs
+    // bf16 or f16, read as their bits and widened to f32.
+    DType dtype;
     std::vector<std::string> arguments;  // in call order, after the user_context
 };
 

@@ -3,8 +3,8 @@
 # makes it, build-gpu/gpu-bundle, here (the GPU machine has the driver, nvcc, python3 with PyTorch,
 # but no Halide and nothing to fetch). In well under 8 minutes:
 #   1. nvidia-smi;
-#   2. every CUDA suite of mha_gpu_tests (each forward kernel variant in f32, bf16 and f16, the
-#      averaging kernel, masks of every family, kdim/vdim, grouped-query heads, causal orders,
+#   2. every CUDA suite of mha_gpu_tests (each forward kernel variant and masks of every family
+#      in f32, bf16 and f16, the averaging kernel, kdim/vdim, grouped-query heads, causal orders,
 #      16-bit modules, device-resident tensors) against the double-precision reference;
 #   3. the timing tables against PyTorch (gpu_compare.py: f32, then bf16 and f16 modules
 #      against PyTorch in that dtype), printed last and written to OUT_DIR.

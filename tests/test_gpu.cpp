@@ -203,6 +203,11 @@ TEST_P(GpuVariants, MatchReference) {
                              v.returns_weights);
 }
 
+// "_bf16", "_f16", or nothing for f32: how test names end.
+std::string dtype_suffix(mha::DType dtype) {
+    return dtype == mha::DType::f32 ? "" : "_" + std::string(mha::contract::dtype_name(dtype));
+}
+
 // Names: device, mask kind, causal, QKV, weights, 16-bit dtype (e.g.
 // cuda_bytes_causal_fused_weights_bf16).
 std::string variant_label(const ::testing::TestParamInfo<DeviceVariant> &info) {
@@ -214,8 +219,7 @@ std::string variant_label(const ::testing::TestParamInfo<DeviceVariant> &info) {
            (d.averaged          ? "_averaged"
             : v.returns_weights ? "_weights"
                                 : "") +
-           (v.dtype == mha::DType::f32 ? ""
-                                       : "_" + std::string(mha::contract::dtype_name(v.dtype)));
+           dtype_suffix(v.dtype);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryForwardKernel, GpuVariants, ::testing::ValuesIn(device_variants()),
@@ -250,48 +254,58 @@ TEST_P(Gpu, AveragedWeights) {
     expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
 }
 
-// Every mask family and combination (tests/mask_setups.h), cross- and self-attention.
-class GpuMasks : public ::testing::TestWithParam<std::tuple<Device, mha::testing::MaskSetup>> {};
+// Every mask family and combination (tests/mask_setups.h), cross- and self-attention, in every
+// dtype (16-bit tensors and weights: the 16-bit kernels, to f32 accuracy).
+class GpuMasks
+    : public ::testing::TestWithParam<std::tuple<Device, mha::testing::MaskSetup, mha::DType>> {};
 
 TEST_P(GpuMasks, MatchReference) {
-    const auto &[device, setup] = GetParam();
+    const auto &[device, setup, dtype] = GetParam();
     if (const std::optional<std::string> why = unavailable(device)) {
         GTEST_SKIP() << *why;
     }
     for (const Dims &d : {Dims{2, 5, 7, 12, 3}, Dims{2, 6, 6, 8, 1}}) {
         const bool self = d.query_len == d.key_len;
         Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+        p.dtype = dtype;
         mha::testing::apply_masks(setup, p, mha::testing::next_seed());
         const auto module = mha::reference::make_module(p, device);
         expect_matches_reference(p, mha::reference::run_module(module, p, self), self);
     }
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, GpuMasks,
-                         ::testing::Combine(kGpuDevices,
-                                            ::testing::ValuesIn(mha::testing::kMaskSetups)),
-                         [](const auto &info) {
-                             return std::string(
-                                        mha::contract::device_name(std::get<0>(info.param))) +
-                                    "_" + std::get<1>(info.param).name;
-                         });
+// Names: device, mask setup, 16-bit dtype (e.g. opencl_seed_keep_bf16).
+INSTANTIATE_TEST_SUITE_P(
+    Devices, GpuMasks,
+    ::testing::Combine(kGpuDevices, ::testing::ValuesIn(mha::testing::kMaskSetups),
+                       ::testing::ValuesIn(mha::contract::kDTypes)),
+    [](const auto &info) {
+        return std::string(mha::contract::device_name(std::get<0>(info.param))) + "_" +
+               std::get<1>(info.param).name + dtype_suffix(std::get<2>(info.param));
+    });
 
+// In every dtype.
 TEST_P(Gpu, FullyMaskedRowIsUniformAndFinite) {
-    const Dims d{1, 3, 6, 8, 2};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
-                                    mha::testing::next_seed());
-    for (int64_t j = 0; j < d.key_len; j++) {
-        p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
-    }
-    const Result got =
-        mha::reference::run_module(mha::reference::make_module(p, device()), p, true);
-    for (int64_t h = 0; h < d.num_heads; h++) {
+    for (mha::DType dtype : mha::contract::kDTypes) {
+        SCOPED_TRACE(mha::contract::dtype_name(dtype));
+        const Dims d{1, 3, 6, 8, 2};
+        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        p.dtype = dtype;
+        mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
+                                        mha::testing::next_seed());
         for (int64_t j = 0; j < d.key_len; j++) {
-            EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len, 1e-6);
+            p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
         }
+        const Result got =
+            mha::reference::run_module(mha::reference::make_module(p, device()), p, true);
+        for (int64_t h = 0; h < d.num_heads; h++) {
+            for (int64_t j = 0; j < d.key_len; j++) {
+                EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len,
+                            1e-6);
+            }
+        }
+        expect_matches_reference(p, got, true);
     }
-    expect_matches_reference(p, got, true);
 }
 
 // Halide copies a host buffer to the device only when it is marked host-dirty; a runtime that

@@ -58,16 +58,6 @@ private:
     Halide::Runtime::Buffer<Element> buffer_;
 };
 
-// The bits of x rounded to a 16-bit dtype.
-std::vector<uint16_t> bits_of(const std::vector<float> &x, mha::DType dtype) {
-    std::vector<uint16_t> bits(x.size());
-    for (size_t n = 0; n < x.size(); n++) {
-        bits[n] =
-            dtype == mha::DType::bf16 ? mha::to_bfloat16(x[n]).bits : mha::to_float16(x[n]).bits;
-    }
-    return bits;
-}
-
 // One shape: median milliseconds of forward() on device-resident tensors of `dtype` (a module of
 // that dtype; the output f32), with the attention weights [B, H, Sq, Sk] written to the device
 // too when `with_weights`.
@@ -122,6 +112,7 @@ void run_shape(mha::Device device, const Dims &d, mha::DType dtype, bool with_we
     if (dtype == mha::DType::f32) {
         median_ms = inputs(float{}, p.query, p.key, p.value);
     } else {
+        using mha::reference::bits_of;
         std::vector<uint16_t> query = bits_of(p.query, dtype), key = bits_of(p.key, dtype);
         std::vector<uint16_t> value = bits_of(p.value, dtype);
         median_ms = dtype == mha::DType::bf16 ? inputs(mha::bfloat16{}, query, key, value)

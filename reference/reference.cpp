@@ -44,20 +44,15 @@ std::vector<float> rounded(const std::vector<float> &x, DType dtype) {
 
 void set_problem_dtype(DType dtype) { problem_dtype = dtype; }
 
-namespace {
-
-template <typename T>
-std::vector<uint16_t> bits_of(const std::vector<float> &x) {
+std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
     std::vector<uint16_t> bits(x.size());
     for (size_t n = 0; n < x.size(); n++) {
-        if constexpr (std::is_same_v<T, bfloat16>) {
-            bits[n] = to_bfloat16(x[n]).bits;
-        } else {
-            bits[n] = to_float16(x[n]).bits;
-        }
+        bits[n] = dtype == DType::bf16 ? to_bfloat16(x[n]).bits : to_float16(x[n]).bits;
     }
     return bits;
 }
+
+namespace {
 
 template <typename T>
 TensorView<const T> typed_view(const std::vector<uint16_t> &bits, const Tensor &like) {
@@ -68,14 +63,11 @@ TensorView<const T> typed_view(const std::vector<uint16_t> &bits, const Tensor &
 }  // namespace
 
 ProblemTensors::ProblemTensors(const Problem &p) : p_(p) {
-    const auto convert = [&](const std::vector<float> &x) {
-        return p.dtype == DType::bf16 ? bits_of<bfloat16>(x) : bits_of<float16>(x);
-    };
     if (p.dtype != DType::f32) {
-        query_ = convert(p.query);
+        query_ = bits_of(p.query, p.dtype);
         if (!p.self_attention) {
-            key_ = convert(p.key);
-            value_ = convert(p.value);
+            key_ = bits_of(p.key, p.dtype);
+            value_ = bits_of(p.value, p.dtype);
         }
     }
 }

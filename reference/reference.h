@@ -85,6 +85,9 @@ std::optional<Mask> mask_view(const Problem &p);
 ForwardOptions options_view(const Problem &p,
                             const std::optional<MutableTensor> &weights = std::nullopt);
 
+// The bits of x rounded to a 16-bit dtype (bf16 or f16), as tensors of it hold them.
+std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype);
+
 // A problem's query, key and value as tensors of its dtype, converted once, and the call of a
 // module on them (the output in f32): what run_module() and timing loops call.
 class ProblemTensors {

@@ -6,7 +6,6 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <optional>
@@ -410,13 +409,9 @@ TEST_P(Gpu, DeviceResidentSixteenBitInputs) {
     Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
     p.dtype = mha::DType::bf16;
     const auto module = mha::reference::make_module(p, device());
-    const auto bits = [](const std::vector<float> &x) {
-        std::vector<uint16_t> b(x.size());
-        std::transform(x.begin(), x.end(), b.begin(),
-                       [](float v) { return mha::to_bfloat16(v).bits; });
-        return b;
-    };
-    std::vector<uint16_t> query = bits(p.query), key = bits(p.key), value = bits(p.value);
+    using mha::reference::bits_of;
+    std::vector<uint16_t> query = bits_of(p.query, p.dtype), key = bits_of(p.key, p.dtype);
+    std::vector<uint16_t> value = bits_of(p.value, p.dtype);
     std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
     const int B = d.batch, Sq = d.query_len, Sk = d.key_len, E = d.embed_dim;
     DeviceTensor<uint16_t> q(device(), query, {E, Sq, B}), k(device(), key, {E, Sk, B});

@@ -1,6 +1,7 @@
 #include "packed_weights.h"
 
 #include "device.h"
+#include "dtype.h"
 
 namespace mha::detail {
 namespace {
@@ -48,8 +49,11 @@ std::vector<uint16_t> bf16_tiles(const std::vector<std::pair<const Linear *, int
 // The bf16 or f16 bits of `x`, whose values that type holds (the module rounded its weights).
 std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
     std::vector<uint16_t> bits(x.size());
-    for (size_t i = 0; i < x.size(); i++) {
-        bits[i] = dtype == DType::bf16 ? to_bfloat16(x[i]).bits : to_float16(x[i]).bits;
+    static_assert(sizeof(bfloat16) == sizeof(uint16_t) && sizeof(float16) == sizeof(uint16_t));
+    if (dtype == DType::bf16) {
+        convert(x.data(), reinterpret_cast<bfloat16 *>(bits.data()), int64_t(x.size()));
+    } else {
+        convert(x.data(), reinterpret_cast<float16 *>(bits.data()), int64_t(x.size()));
     }
     return bits;
 }
@@ -117,7 +121,6 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
     }
     row(ArgId::out_bias, out_bias.data(), P);
 
-    narrow_weights.reserve(5);  // the buffers point into its vectors: they never move
     if (kernel_dtype != DType::f32 && gpu != nullptr) {
         const std::vector<uint16_t> &qkv =
             narrow_weights.emplace_back(bits_of(qkv_panels, kernel_dtype));

@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <vector>
 
@@ -45,7 +46,7 @@ struct PackedWeights {
     // The 16-bit projection weights: the bf16 tiles of q, k, v, out and of q, k, v stacked, or
     // the bits of qkv_panels and out_panels ({qkv, out}); their buffers by id (q_weight, ...,
     // qkv_weight, out_weight), empty for f32 kernels.
-    std::vector<std::vector<uint16_t>> narrow_weights;
+    std::deque<std::vector<uint16_t>> narrow_weights;  // growing, it moves none of them
     std::array<std::optional<HostBuffer>, contract::kArgCount> narrow_buffers;
 };
 

@@ -32,10 +32,10 @@ struct ScheduleParams {
     int proj_k_step = 16;     // reduction slice staged in shared memory
     int attention_rows = 16;  // query rows per block
     // Keys per shared-memory tile: as many as the block has threads in x (kMaxTile /
-    // head_cols_per_thread), so that every stage of the attention block uses the whole block.
-    // A key tile of another width than those threads miscompiles on PoCL 3.1 (LLVM 15): when a
-    // stage between two barriers runs on only some work-items, weights·V reads the K tile where
-    // V was staged (bench/RESULTS.md, the GPU check).
+    // head_cols_per_thread), so that the block has no idle threads in the key loop. A wider
+    // tile widens the block, and PoCL 3.1 (LLVM 15) then loses the V staging's stores (weights·V
+    // reads the K tile staged before): tests/opencl/idle_work_items.cl is the reduced case,
+    // bench/RESULTS.md (the GPU check) the explanation.
     int key_step = 16;
     int head_cols_per_thread = 4;
 };

@@ -325,9 +325,9 @@ TEST_P(Gpu, HostInputsRewrittenInPlaceAreCopiedAgain) {
     expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
 }
 
-// Key counts on both sides of the attention's key-tile edges (tiles of 16 keys; a key tile
-// wider than the block's threads miscompiled on PoCL, see schedules/gpu_schedule.h), with and
-// without the weights.
+// Key counts on both sides of the attention's key-tile edges (tiles of 16 keys; PoCL miscompiles
+// a key tile wider than the block's threads, tests/opencl/idle_work_items.cl), with and without
+// the weights.
 TEST_P(Gpu, KeyCountsAcrossTileEdges) {
     for (int64_t keys : {1, 15, 16, 17, 31, 32, 33, 48, 49}) {
         SCOPED_TRACE(keys);

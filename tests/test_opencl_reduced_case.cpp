@@ -67,9 +67,8 @@ protected:
         check(status, "clCreateCommandQueue");
     }
 
-    // The sums of one width x height work-group staging `value`, the kernel built with `options`.
-    std::vector<int> staged_row_sums(const std::string &options, size_t width, size_t height,
-                                     int keys, int value) {
+    // The kernel built with `options` (it keeps its program alive).
+    Owned<cl_kernel, clReleaseKernel> build(const std::string &options) {
         const std::string source = kernel_source();
         const char *text = source.c_str();
         cl_int status = CL_SUCCESS;
@@ -81,17 +80,24 @@ protected:
         Owned<cl_kernel, clReleaseKernel> kernel(
             clCreateKernel(program.get(), "staged_row_sums", &status));
         check(status, "clCreateKernel");
+        return kernel;
+    }
+
+    // The sums of one width x height work-group of `kernel` staging `value`.
+    std::vector<int> staged_row_sums(cl_kernel kernel, size_t width, size_t height, int keys,
+                                     int value) {
+        cl_int status = CL_SUCCESS;
         std::vector<int> sums(width * height, -1);
         Owned<cl_mem, clReleaseMemObject> buffer(
             clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
                            sums.size() * sizeof(int), sums.data(), &status));
         check(status, "clCreateBuffer");
         cl_mem sums_arg = buffer.get();
-        check(clSetKernelArg(kernel.get(), 0, sizeof sums_arg, &sums_arg), "clSetKernelArg");
-        check(clSetKernelArg(kernel.get(), 1, sizeof keys, &keys), "clSetKernelArg");
-        check(clSetKernelArg(kernel.get(), 2, sizeof value, &value), "clSetKernelArg");
+        check(clSetKernelArg(kernel, 0, sizeof sums_arg, &sums_arg), "clSetKernelArg");
+        check(clSetKernelArg(kernel, 1, sizeof keys, &keys), "clSetKernelArg");
+        check(clSetKernelArg(kernel, 2, sizeof value, &value), "clSetKernelArg");
         const size_t size[2] = {width, height};
-        check(clEnqueueNDRangeKernel(queue_.get(), kernel.get(), 2, nullptr, size, size, 0, nullptr,
+        check(clEnqueueNDRangeKernel(queue_.get(), kernel, 2, nullptr, size, size, 0, nullptr,
                                      nullptr),
               "clEnqueueNDRangeKernel");
         check(clEnqueueReadBuffer(queue_.get(), buffer.get(), CL_TRUE, 0, sums.size() * sizeof(int),
@@ -103,11 +109,12 @@ protected:
     // Whether every work-item of the kernel's 16 active columns returned keys * value, for each
     // key count, in a width x height group built with `options`; each launch a value of its own.
     void expect_sums(const std::string &options, size_t width, size_t height, bool right) {
+        const Owned<cl_kernel, clReleaseKernel> kernel = build(options);
         for (int keys : {1, 2, 15, 16, 17, 31, 32, 33, 64}) {
             SCOPED_TRACE(fmt::format("{} keys, a {} x {} group, options '{}'", keys, width, height,
                                      options));
             const int value = ++launches_;
-            const std::vector<int> sums = staged_row_sums(options, width, height, keys, value);
+            const std::vector<int> sums = staged_row_sums(kernel.get(), width, height, keys, value);
             for (size_t i = 0; i < sums.size(); ++i) {
                 if (i % width < 16) {
                     ASSERT_EQ(sums[i] == keys * value, right)

@@ -14,7 +14,8 @@
 #include "HalideRuntimeCuda.h"
 #include "HalideRuntimeOpenCL.h"
 #include "command_line.h"
-#include "reference.h"
+#include "problems.h"
+#include "sweeps.h"
 
 namespace {
 
@@ -64,10 +65,10 @@ private:
 void run_shape(mha::Device device, const Dims &d, mha::DType dtype, bool with_weights,
                double max_check_gflop) {
     const bool self = d.query_len == d.key_len;
-    mha::reference::Problem p = mha::reference::random_problem(d, 7, self);
+    mha::reference::Problem p = mha::problems::random_problem(d, 7, self);
     p.dtype = dtype;
     const int64_t E = d.embed_dim;
-    const mha::MultiHeadAttention module = mha::reference::make_module(p, device);
+    const mha::MultiHeadAttention module = mha::problems::make_module(p, device);
     std::vector<float> output(d.batch * d.query_len * E);
     DeviceTensor<float> out(device, output, {d.batch, d.query_len, E});
     std::vector<float> weights(with_weights ? d.batch * d.num_heads * d.query_len * d.key_len : 0);
@@ -177,11 +178,11 @@ int main(int argc, char **argv) {
         shapes.push_back(*mha::tools::parse_problem_shape(text));
     }
     if (shapes.empty() && dtype != mha::DType::f32) {
-        shapes.assign(mha::contract::kDtypeSweep.begin(), mha::contract::kDtypeSweep.end());
+        shapes.assign(mha::bench::kDtypeSweep.begin(), mha::bench::kDtypeSweep.end());
     } else if (shapes.empty()) {
-        shapes.assign(mha::contract::kBenchmarkSweep.begin(), mha::contract::kBenchmarkSweep.end());
-        shapes.insert(shapes.end(), mha::contract::kGpuExtraShapes.begin(),
-                      mha::contract::kGpuExtraShapes.end());
+        shapes.assign(mha::bench::kBenchmarkSweep.begin(), mha::bench::kBenchmarkSweep.end());
+        shapes.insert(shapes.end(), mha::bench::kGpuExtraShapes.begin(),
+                      mha::bench::kGpuExtraShapes.end());
     }
     try {
         for (const Dims &d : shapes) {

@@ -28,8 +28,9 @@
 #include "mha_merge_heads.h"
 #include "mha_scaled_scores.h"
 #include "mha_split_heads.h"
-#include "reference.h"
+#include "problems.h"
 #include "stream_read.h"
+#include "sweeps.h"
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -86,14 +87,14 @@ struct Buffers {
     Problem problem;
     std::vector<float> output, weights;
     explicit Buffers(const Dims &d)
-        : problem(mha::reference::random_problem(d, 1, d.query_len == d.key_len)),
+        : problem(mha::problems::random_problem(d, 1, d.query_len == d.key_len)),
           output(d.batch * d.query_len * d.embed_dim) {}
 };
 
 void halide_forward(benchmark::State &state, Dims d, bool with_weights, int threads) {
     set_threads(threads);
     Buffers buf(d);
-    const auto module = mha::reference::make_module(buf.problem);
+    const auto module = mha::problems::make_module(buf.problem);
     std::optional<mha::MutableTensor> weights;
     if (with_weights) {
         buf.weights.resize(d.batch * d.num_heads * d.query_len * d.key_len);
@@ -102,9 +103,8 @@ void halide_forward(benchmark::State &state, Dims d, bool with_weights, int thre
     }
     const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
     for (auto _ : state) {
-        module.forward(mha::reference::query_view(buf.problem),
-                       mha::reference::key_view(buf.problem),
-                       mha::reference::value_view(buf.problem), out, std::nullopt, weights);
+        module.forward(mha::problems::query_view(buf.problem), mha::problems::key_view(buf.problem),
+                       mha::problems::value_view(buf.problem), out, std::nullopt, weights);
         benchmark::DoNotOptimize(buf.output.data());
     }
     state.SetLabel(mha::dispatched_isa());
@@ -120,8 +120,8 @@ void blas_forward(benchmark::State &state, Dims d, bool with_weights, int thread
     }
     const auto &p = buf.problem;
     const float *query = p.query.data();
-    const float *key = mha::reference::key_view(p).data;
-    const float *value = mha::reference::value_view(p).data;
+    const float *key = mha::problems::key_view(p).data;
+    const float *value = mha::problems::value_view(p).data;
     for (auto _ : state) {
         blas.forward(query, key, value, buf.output.data(),
                      with_weights ? buf.weights.data() : nullptr);
@@ -143,11 +143,11 @@ void stream_read_rate(benchmark::State &state, size_t megabytes, int threads) {
 
 // A decode step: one new token per batch row against a cache of d.cached tokens (truncated back
 // to them before each step).
-void halide_decode(benchmark::State &state, mha::contract::DecodeShape d, int threads) {
+void halide_decode(benchmark::State &state, mha::bench::DecodeShape d, int threads) {
     set_threads(threads);
     const int64_t B = d.batch, N = d.cached, E = d.embed_dim;
-    const Problem p = mha::reference::random_problem({B, 1, N, E, d.num_heads}, 1);
-    const auto module = mha::reference::make_module(p);
+    const Problem p = mha::problems::random_problem({B, 1, N, E, d.num_heads}, 1);
+    const auto module = mha::problems::make_module(p);
     mha::KvCache cache = module.make_cache(B, N + 1);
     std::vector<float> prompt_output(B * N * E), token(p.query), output(B * E);
     module.decode({p.key.data(), {B, N, E}}, cache, {prompt_output.data(), {B, N, E}});
@@ -164,10 +164,10 @@ void halide_decode(benchmark::State &state, mha::contract::DecodeShape d, int th
 
 // Causal self-attention (top-left) as ForwardOptions::causal, as PyTorch's boolean triangular
 // attn_mask, or not causal at all, for scale.
-void halide_causal(benchmark::State &state, Dims d, mha::contract::CausalMode mode, int threads) {
+void halide_causal(benchmark::State &state, Dims d, mha::bench::CausalMode mode, int threads) {
     set_threads(threads);
     Buffers buf(d);
-    const auto module = mha::reference::make_module(buf.problem);
+    const auto module = mha::problems::make_module(buf.problem);
     std::vector<uint8_t> above_diagonal(d.query_len * d.key_len);
     for (int64_t i = 0; i < d.query_len; i++) {
         for (int64_t j = 0; j < d.key_len; j++) {
@@ -175,32 +175,31 @@ void halide_causal(benchmark::State &state, Dims d, mha::contract::CausalMode mo
         }
     }
     mha::ForwardOptions options;
-    if (mode == mha::contract::CausalMode::implicit) {
+    if (mode == mha::bench::CausalMode::implicit) {
         options.causal = mha::Causal::top_left;
-    } else if (mode == mha::contract::CausalMode::explicit_mask) {
+    } else if (mode == mha::bench::CausalMode::explicit_mask) {
         options.attn_mask = mha::BoolTensor{above_diagonal.data(), {d.query_len, d.key_len}};
     }
     const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
     for (auto _ : state) {
-        module.forward(mha::reference::query_view(buf.problem),
-                       mha::reference::key_view(buf.problem),
-                       mha::reference::value_view(buf.problem), out, options);
+        module.forward(mha::problems::query_view(buf.problem), mha::problems::key_view(buf.problem),
+                       mha::problems::value_view(buf.problem), out, options);
         benchmark::DoNotOptimize(buf.output.data());
     }
     state.SetLabel(mha::dispatched_isa());
 }
 
 // Grouped-query self-attention: kv_heads key/value heads for the shape's query heads.
-void halide_gqa(benchmark::State &state, mha::contract::GqaShape g, int threads) {
+void halide_gqa(benchmark::State &state, mha::bench::GqaShape g, int threads) {
     set_threads(threads);
     const Dims &d = g.shape;
-    const Problem p = mha::reference::random_problem(d, 1, true, 0, 0, g.kv_heads);
-    const auto module = mha::reference::make_module(p);
+    const Problem p = mha::problems::random_problem(d, 1, true, 0, 0, g.kv_heads);
+    const auto module = mha::problems::make_module(p);
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
     const mha::MutableTensor out{output.data(), {d.batch, d.query_len, d.embed_dim}};
     for (auto _ : state) {
-        module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                       mha::reference::value_view(p), out);
+        module.forward(mha::problems::query_view(p), mha::problems::key_view(p),
+                       mha::problems::value_view(p), out);
         benchmark::DoNotOptimize(output.data());
     }
     state.SetLabel(mha::dispatched_isa());
@@ -212,16 +211,16 @@ void halide_dtype(benchmark::State &state, Dims d, mha::DType dtype, int threads
     set_threads(threads);
     Buffers buf(d);
     buf.problem.dtype = dtype;
-    const auto module = mha::reference::make_module(buf.problem);
-    const mha::reference::ProblemTensors tensors(buf.problem);
+    const auto module = mha::problems::make_module(buf.problem);
+    const mha::problems::ProblemTensors tensors(buf.problem);
     const mha::MutableTensor out{buf.output.data(), {d.batch, d.query_len, d.embed_dim}};
     for (auto _ : state) {
         tensors.forward(module, out, {});
         benchmark::DoNotOptimize(buf.output.data());
     }
-    state.SetLabel(module.kernel_name(mha::reference::query_view(buf.problem),
-                                      mha::reference::key_view(buf.problem),
-                                      mha::reference::value_view(buf.problem), {}));
+    state.SetLabel(module.kernel_name(mha::problems::query_view(buf.problem),
+                                      mha::problems::key_view(buf.problem),
+                                      mha::problems::value_view(buf.problem), {}));
     report(state, d.forward_flops(), threads);
 }
 
@@ -298,7 +297,7 @@ void register_all(const std::vector<int> &thread_counts) {
             ->Unit(benchmark::kMillisecond)
             ->MinTime(0.5);
     }
-    for (const Dims &d : mha::contract::kBenchmarkSweep) {
+    for (const Dims &d : mha::bench::kBenchmarkSweep) {
         for (bool w : {false, true}) {
             for (int threads : thread_counts) {
                 const auto suffix =
@@ -316,7 +315,7 @@ void register_all(const std::vector<int> &thread_counts) {
         benchmark::RegisterBenchmark(fmt::format("stream_read/MB:256/threads:{}", threads).c_str(),
                                      stream_read_rate, 256, threads)
             ->Unit(benchmark::kMillisecond);
-        for (const mha::contract::DecodeShape &d : mha::contract::kDecodeSweep) {
+        for (const mha::bench::DecodeShape &d : mha::bench::kDecodeSweep) {
             benchmark::RegisterBenchmark(fmt::format("decode/B{}_N{}_E{}_H{}/threads:{}", d.batch,
                                                      d.cached, d.embed_dim, d.num_heads, threads)
                                              .c_str(),
@@ -324,22 +323,22 @@ void register_all(const std::vector<int> &thread_counts) {
                 ->Unit(benchmark::kMillisecond);
         }
     }
-    for (const Dims &d : mha::contract::kCausalSweep) {
-        for (mha::contract::CausalMode mode : mha::contract::kCausalModes) {
+    for (const Dims &d : mha::bench::kCausalSweep) {
+        for (mha::bench::CausalMode mode : mha::bench::kCausalModes) {
             benchmark::RegisterBenchmark(fmt::format("causal/{}/mode:{}/threads:2", shape_name(d),
-                                                     mha::contract::causal_mode_name(mode))
+                                                     mha::bench::causal_mode_name(mode))
                                              .c_str(),
                                          halide_causal, d, mode, 2)
                 ->Unit(benchmark::kMillisecond);
         }
     }
-    for (const mha::contract::GqaShape &g : mha::contract::kGqaSweep) {
+    for (const mha::bench::GqaShape &g : mha::bench::kGqaSweep) {
         benchmark::RegisterBenchmark(
             fmt::format("gqa/{}_kv{}/threads:2", shape_name(g.shape), g.kv_heads).c_str(),
             halide_gqa, g, 2)
             ->Unit(benchmark::kMillisecond);
     }
-    for (const Dims &d : mha::contract::kDtypeSweep) {
+    for (const Dims &d : mha::bench::kDtypeSweep) {
         for (mha::DType dtype : mha::contract::kDTypes) {
             benchmark::RegisterBenchmark(fmt::format("dtype/{}/dtype:{}/threads:2", shape_name(d),
                                                      mha::contract::dtype_name(dtype))
@@ -350,7 +349,7 @@ void register_all(const std::vector<int> &thread_counts) {
     }
     for (const char *st : {"linear_projection", "split_heads", "scaled_scores", "masked_softmax",
                            "attend_values", "merge_heads"}) {
-        for (const Dims &d : mha::contract::kBenchmarkSweep) {
+        for (const Dims &d : mha::bench::kBenchmarkSweep) {
             benchmark::RegisterBenchmark(
                 fmt::format("stage/{}/{}/threads:2", st, shape_name(d)).c_str(), stage,
                 std::string(st), d, 2)

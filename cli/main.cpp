@@ -18,7 +18,7 @@
 #include "command_line.h"
 #include "mha/mha.h"
 #include "mha_contract.h"
-#include "reference.h"
+#include "problems.h"
 
 namespace {
 
@@ -239,27 +239,27 @@ int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given && o.kdim == 0 && o.vdim == 0;
     mha::reference::Problem problem =
-        mha::reference::random_problem(d, o.seed, self, o.kdim, o.vdim, o.kv_heads);
+        mha::problems::random_problem(d, o.seed, self, o.kdim, o.vdim, o.kv_heads);
     if (o.mask == "additive") {
-        mha::reference::add_random_additive_mask(problem, {d.batch, 1, d.query_len, d.key_len},
-                                                 true, o.seed + 1);
+        mha::problems::add_random_additive_mask(problem, {d.batch, 1, d.query_len, d.key_len}, true,
+                                                o.seed + 1);
     } else if (o.mask != "none") {
-        mha::reference::add_random_mask(
+        mha::problems::add_random_mask(
             problem, o.mask == "keep" ? mha::MaskConvention::keep : mha::MaskConvention::block,
             {d.batch, 1, d.query_len, d.key_len}, o.seed + 1);
     }
     if (o.key_padding_mask != "none") {
-        problem.key_padding_mask = mha::reference::random_torch_mask(
+        problem.key_padding_mask = mha::problems::random_torch_mask(
             o.key_padding_mask == "bool", {d.batch, d.key_len}, o.seed + 2);
     }
     if (o.attn_mask != "none") {
-        problem.attn_mask = mha::reference::random_torch_mask(o.attn_mask == "bool",
-                                                              {d.query_len, d.key_len}, o.seed + 3);
+        problem.attn_mask = mha::problems::random_torch_mask(o.attn_mask == "bool",
+                                                             {d.query_len, d.key_len}, o.seed + 3);
     }
     problem.causal = o.causal;
     problem.average_weights = o.average_weights;
     problem.dtype = o.dtype;
-    const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
+    const mha::MultiHeadAttention module = mha::problems::make_module(problem, o.device);
 
     std::vector<float> output(d.batch * d.query_len * d.embed_dim);
     const mha::MutableTensor output_view{output.data(), {d.batch, d.query_len, d.embed_dim}};
@@ -274,9 +274,9 @@ int run(const Options &o) {
                                        std::multiplies<>()));
         weights_view = mha::MutableTensor{weights.data(), weights_shape};
     }
-    const mha::reference::ProblemTensors inputs(problem);  // in --dtype
+    const mha::problems::ProblemTensors inputs(problem);  // in --dtype
     const auto forward = [&] {
-        inputs.forward(module, output_view, mha::reference::options_view(problem, weights_view));
+        inputs.forward(module, output_view, mha::problems::options_view(problem, weights_view));
     };
 
     fmt::print(
@@ -292,9 +292,9 @@ int run(const Options &o) {
 
     fmt::print(
         "kernel: {}\n",
-        module.kernel_name(mha::reference::query_view(problem), mha::reference::key_view(problem),
-                           mha::reference::value_view(problem),
-                           mha::reference::options_view(problem, weights_view)));
+        module.kernel_name(mha::problems::query_view(problem), mha::problems::key_view(problem),
+                           mha::problems::value_view(problem),
+                           mha::problems::options_view(problem, weights_view)));
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);
@@ -317,10 +317,10 @@ int run(const Options &o) {
 int run_decode(const Options &o) {
     const Dims &d = o.dims;
     const int64_t B = d.batch, N = d.key_len, E = d.embed_dim, H = d.num_heads, hd = d.head_dim();
-    mha::reference::Problem problem = mha::reference::random_problem(
+    mha::reference::Problem problem = mha::problems::random_problem(
         {B, 1, N + 1, E, d.num_heads}, o.seed, false, 0, 0, o.kv_heads);
     problem.dtype = o.dtype;  // the f32 tokens are rounded to it on entry
-    const mha::MultiHeadAttention module = mha::reference::make_module(problem, o.device);
+    const mha::MultiHeadAttention module = mha::problems::make_module(problem, o.device);
     mha::KvCache cache = module.make_cache(B, N + 1);
     // The sequences are problem.key (= problem.value): the first N tokens of each row fill the
     // cache, the last one is the new token (problem.query is made the same token).

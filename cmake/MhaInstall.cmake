@@ -9,8 +9,8 @@ set(MHA_INSTALL_PKGCONFIGDIR ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 # A shared libmha_<device> finds libmha beside it, wherever the tree is moved.
 set_target_properties(mha PROPERTIES INSTALL_RPATH "$ORIGIN")
 
-install(FILES ${PROJECT_SOURCE_DIR}/runtime/include/mha/mha.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mha)
+# The public headers: mha.h and what it includes.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/runtime/include/mha DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS mha EXPORT mha-targets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

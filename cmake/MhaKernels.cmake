@@ -9,20 +9,24 @@
 
 set(MHA_KERNELS_DIR ${PROJECT_BINARY_DIR}/kernels)
 
-# The code that decides what a CPU kernel computes and how: tuned files record its hash, and
-# the build warns when a tuned file was measured on other code.
+# The code that decides what a CPU kernel computes and how, and the parameter space it is tuned
+# in: tuned files record a hash of it, and the build warns when a tuned file was measured on
+# other code. The hash is of the code with its comments and whitespace removed (docs/tuning.md):
+# editing a comment or reformatting leaves the tuned files current; any other change stales them.
 set(MHA_SCHEDULE_SOURCES
     ${PROJECT_SOURCE_DIR}/generators/mha_stages.h
     ${PROJECT_SOURCE_DIR}/generators/mha_forward.h
     ${PROJECT_SOURCE_DIR}/generators/mha_generators.cpp
     ${PROJECT_SOURCE_DIR}/schedules/cpu_schedule.h
     ${PROJECT_SOURCE_DIR}/schedules/cpu_params.h)
-set(hashes "")
+set(schedule_code "")
 foreach (source IN LISTS MHA_SCHEDULE_SOURCES)
-    file(SHA256 ${source} hash)
-    string(APPEND hashes ${hash})
+    file(READ ${source} code)
+    string(REGEX REPLACE "//[^\n]*" "" code "${code}")
+    string(REGEX REPLACE "[ \t\r\n]+" "" code "${code}")
+    string(APPEND schedule_code "${code}")
 endforeach ()
-string(SHA256 MHA_SCHEDULE_HASH "${hashes}")
+string(SHA256 MHA_SCHEDULE_HASH "${schedule_code}")
 string(SUBSTRING ${MHA_SCHEDULE_HASH} 0 16 MHA_SCHEDULE_HASH)
 
 file(GLOB tuned_files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/schedules/tuned/*.json)
@@ -32,12 +36,9 @@ set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${MHA_EMITTER_SOURCES} ${MHA_SCHEDULE_SOURCES} ${tuned_files}
              ${PROJECT_SOURCE_DIR}/contract/mha_contract.h
              ${PROJECT_SOURCE_DIR}/schedules/tuned_file.h
-             ${PROJECT_SOURCE_DIR}/tools/command_line.h)
+             ${PROJECT_SOURCE_DIR}/cli/command_line.h)
 
 file(MAKE_DIRECTORY ${MHA_KERNELS_DIR})
-set(MHA_CPU_ISAS "" CACHE STRING
-    "The CPU instruction sets to compile kernels for, e.g. avx512;avx2 (empty: all of the \
-architecture; the run-time dispatch picks the best of them the CPU supports)")
 # The ASan tests run the kernels of one instruction set, compiled again with Halide's asan
 # feature (each takes 2.8 times as long to compile as without): sse41's, which every x86-64
 # machine has and whose one bucket serves every shape, so that every variant runs from half the
@@ -51,9 +52,6 @@ if (MHA_CPU_ISAS)
     string(REPLACE ";" "," cpu_isas "${MHA_CPU_ISAS}")
     list(APPEND emit_options --cpu-isas ${cpu_isas})
 endif ()
-set(MHA_GPU_DTYPES "" CACHE STRING
-    "The dtypes of the GPU forward kernels, e.g. f32 (empty: f32;bf16;f16; a 16-bit module \
-without its kernels runs the f32 ones on values rounded on the host)")
 if (MHA_GPU_DTYPES)
     string(REPLACE ";" "," gpu_dtypes "${MHA_GPU_DTYPES}")
     list(APPEND emit_options --gpu-dtypes ${gpu_dtypes})
@@ -75,7 +73,7 @@ endif ()
 set(MHA_EMITTER ${PROJECT_BINARY_DIR}/emit_kernels)
 try_compile(emit_compiled
             SOURCES ${MHA_EMITTER_SOURCES}
-            CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${PROJECT_SOURCE_DIR}/contract;${PROJECT_SOURCE_DIR}/schedules;${PROJECT_SOURCE_DIR}/runtime/include;${PROJECT_SOURCE_DIR}/tools"
+            CMAKE_FLAGS "-DINCLUDE_DIRECTORIES=${PROJECT_SOURCE_DIR}/contract;${PROJECT_SOURCE_DIR}/schedules;${PROJECT_SOURCE_DIR}/runtime/include;${PROJECT_SOURCE_DIR}/cli"
             LINK_LIBRARIES nlohmann_json::nlohmann_json CLI11::CLI11
             CXX_STANDARD 17
             CXX_STANDARD_REQUIRED ON

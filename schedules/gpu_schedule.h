@@ -34,7 +34,7 @@ struct ScheduleParams {
     // Keys per shared-memory tile: as many as the block has threads in x (kMaxTile /
     // head_cols_per_thread), so that the block has no idle threads in the key loop. A wider
     // tile widens the block, and PoCL 3.1 (LLVM 15) then loses the V staging's stores (weights·V
-    // reads the K tile staged before): tests/opencl/idle_work_items.cl is the reduced case,
+    // reads the K tile staged before): tests/gpu/opencl/idle_work_items.cl is the reduced case,
     // bench/RESULTS.md (the GPU check) the explanation.
     int key_step = 16;
     int head_cols_per_thread = 4;

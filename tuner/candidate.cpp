@@ -20,10 +20,10 @@ void scratch_free(Halide::JITUserContext *, void *block) { detail::scratch_relea
 }  // namespace
 
 Workload::Workload(const contract::ProblemShape &shape, uint64_t seed, const contract::CpuIsa &isa)
-    : problem(reference::random_problem(shape, seed, shape.query_len == shape.key_len)),
+    : problem(problems::random_problem(shape, seed, shape.query_len == shape.key_len)),
       output(shape.batch * shape.query_len * shape.embed_dim) {
     problem.dtype = isa.dtype;
-    const std::array<Linear, 4> lin = reference::linears(problem);
+    const std::array<Linear, 4> lin = problems::linears(problem);
     const detail::WidenedLinears rounded(
         std::array<const Linear *, 4>{&lin[0], &lin[1], &lin[2], &lin[3]}, isa.dtype);
     const Linear *linears[4] = {&rounded.linears[0], &rounded.linears[1], &rounded.linears[2],
@@ -31,9 +31,9 @@ Workload::Workload(const contract::ProblemShape &shape, uint64_t seed, const con
     weights = std::make_unique<detail::PackedWeights>(shape.embed_dim, shape.num_heads, linears,
                                                       nullptr, isa.dtype);
     if (isa.dtype != DType::f32) {
-        for (auto [from, to] : {std::pair{reference::query_view(problem), &query},
-                                {reference::key_view(problem), &key},
-                                {reference::value_view(problem), &value}}) {
+        for (auto [from, to] : {std::pair{problems::query_view(problem), &query},
+                                {problems::key_view(problem), &key},
+                                {problems::value_view(problem), &value}}) {
             const int64_t n = from.shape[0] * from.shape[1] * from.shape[2];
             to->resize(size_t(n));
             detail::convert(from.data, to->data(), n);
@@ -110,9 +110,9 @@ int Candidate::run(Workload &work) const {
         return bf16 ? detail::dense_buffer(TensorView<const bfloat16>{t16.data(), t.shape})
                     : detail::dense_buffer(t);
     };
-    const detail::HostBuffer q = input(reference::query_view(p), work.query);
-    const detail::HostBuffer k = input(reference::key_view(p), work.key);
-    const detail::HostBuffer v = input(reference::value_view(p), work.value);
+    const detail::HostBuffer q = input(problems::query_view(p), work.query);
+    const detail::HostBuffer k = input(problems::key_view(p), work.key);
+    const detail::HostBuffer v = input(problems::value_view(p), work.value);
     Halide::Runtime::Buffer<float> out(work.output.data(), {E, Sq, B});
     int32_t head_dim = int32_t(d.head_dim());
     std::array<const void *, contract::kArgCount> values{};

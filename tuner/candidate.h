@@ -10,7 +10,7 @@
 
 #include "mha_contract.h"
 #include "packed_weights.h"
-#include "reference.h"
+#include "problems.h"
 
 namespace mha::tune {
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "measurement.h"
+#include "sweeps.h"
 #include "tuned_file.h"
 
 namespace mha::tune {
@@ -55,7 +56,7 @@ std::string cell(const Outcome &outcome) {
 }  // namespace
 
 int measure_contender(const CompareOptions &o, size_t shape_index, const std::string &contender) {
-    const contract::ProblemShape &shape = contract::kBenchmarkSweep.at(shape_index);
+    const contract::ProblemShape &shape = bench::kBenchmarkSweep.at(shape_index);
     const cpu::ScheduleParams defaults = cpu::ScheduleParams::defaults(*o.isa);
     Workload work(shape, 5, *o.isa);
     const Candidate baseline(*o.isa, shape, defaults.to_string());
@@ -94,8 +95,8 @@ int compare(const CompareOptions &o) {
         "tuned × best autoscheduler |\n");
     fmt::print("|---|---|---|---|---|---|---|---|---|---|\n");
     std::map<std::string, std::vector<double>> bucket_gains;
-    for (size_t i = 0; i < contract::kBenchmarkSweep.size(); i++) {
-        const contract::ProblemShape &s = contract::kBenchmarkSweep[i];
+    for (size_t i = 0; i < bench::kBenchmarkSweep.size(); i++) {
+        const contract::ProblemShape &s = bench::kBenchmarkSweep[i];
         const contract::ShapeBucket b = contract::shape_bucket(s.token_rows());
         const std::string bucket(contract::bucket_spec(b).name);
         const cpu::TunedBucket *decided = tuned_file.find(b);
@@ -103,7 +104,7 @@ int compare(const CompareOptions &o) {
         const char *parameters =
             decided == nullptr || decided->kept_defaults ? "= defaults" : "tuned";
         const Outcome tuned = run_child(o, i, "tuned");
-        fmt::print(stderr, "shape {}/{} tuned: {}\n", i + 1, contract::kBenchmarkSweep.size(),
+        fmt::print(stderr, "shape {}/{} tuned: {}\n", i + 1, bench::kBenchmarkSweep.size(),
                    tuned.result ? fmt::format("{:.2f}x", tuned.result->gain) : tuned.why);
         std::map<std::string, Outcome> autos;
         double best_auto_gain = 0;  // autoscheduled against the same defaults
@@ -113,7 +114,7 @@ int compare(const CompareOptions &o) {
                 continue;
             }
             autos[a] = run_child(o, i, a);
-            fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, contract::kBenchmarkSweep.size(), a,
+            fmt::print(stderr, "shape {}/{} {}: {}\n", i + 1, bench::kBenchmarkSweep.size(), a,
                        cell(autos[a]));
             if (autos[a].result) {
                 best_auto_gain = std::max(best_auto_gain, autos[a].result->gain);

@@ -11,6 +11,7 @@
 #include "compare.h"
 #include "cpu_isa.h"
 #include "search.h"
+#include "sweeps.h"
 #include "tuned_file.h"
 
 namespace {
@@ -93,7 +94,7 @@ int main(int argc, char **argv) {
         "--compare: tuned against default only");
     // The children of --compare.
     app.add_option("--measure-shape", measure_shape)
-        ->check(CLI::Range(0, int(mha::contract::kBenchmarkSweep.size()) - 1))
+        ->check(CLI::Range(0, int(mha::bench::kBenchmarkSweep.size()) - 1))
         ->group("");
     app.add_option("--measure-contender", contender)->group("");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {

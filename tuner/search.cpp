@@ -16,6 +16,7 @@
 
 #include "measurement.h"
 #include "search_space.h"
+#include "sweeps.h"
 #include "tuning_db.h"
 
 namespace mha::tune {
@@ -54,7 +55,7 @@ public:
           rounds_(o.rounds),
           defaults_(ScheduleParams::defaults(*o.isa)) {
         shapes_.push_back(o.tuning_shape.value_or(spec.tuning_shape));
-        for (const ProblemShape &s : contract::kBenchmarkSweep) {
+        for (const ProblemShape &s : bench::kBenchmarkSweep) {
             if (o.sweep_shapes && contract::shape_bucket(s.token_rows()) == spec.bucket &&
                 !(s == shapes_.front())) {
                 shapes_.push_back(s);

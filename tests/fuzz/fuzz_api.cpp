@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "mha/mha.h"
-#include "reference.h"
+#include "problems.h"
 
 namespace {
 
@@ -371,7 +371,7 @@ mha::reference::TorchMask torch_mask(FuzzedDataProvider &in, bool key_padding, c
         key_padding        ? std::vector<int64_t>{d.batch, d.key_len}
         : in.ConsumeBool() ? std::vector<int64_t>{d.query_len, d.key_len}
                            : std::vector<int64_t>{d.batch * d.num_heads, d.query_len, d.key_len};
-    return mha::reference::random_torch_mask(in.ConsumeBool(), std::move(shape), seed);
+    return mha::problems::random_torch_mask(in.ConsumeBool(), std::move(shape), seed);
 }
 
 Arg torch_mask_arg(const char *name, const mha::reference::TorchMask &m) {
@@ -409,7 +409,7 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
         kdim = vdim = 0;
         kv_heads = d.num_heads;
     }
-    Problem p = mha::reference::random_problem(d, seed, self_attention, kdim, vdim, kv_heads);
+    Problem p = mha::problems::random_problem(d, seed, self_attention, kdim, vdim, kv_heads);
     ModuleArgs m = module_args(in, p);
     const std::array<int64_t, 4> full{d.batch, d.num_heads, d.query_len, d.key_len};
 
@@ -418,12 +418,12 @@ void fuzz_forward(FuzzedDataProvider &in, Entry entry, uint64_t seed) {
                                   ? (in.ConsumeBool() ? MaskFamily::bytes : MaskFamily::none)
                                   : pick<MaskFamily>(in);
     if (family == MaskFamily::bytes) {
-        mha::reference::add_random_mask(
+        mha::problems::add_random_mask(
             p, in.ConsumeBool() ? mha::MaskConvention::keep : mha::MaskConvention::block,
             broadcast_shape(in, full), seed + 1);
     } else if (family == MaskFamily::additive) {
-        mha::reference::add_random_additive_mask(p, broadcast_shape(in, full), in.ConsumeBool(),
-                                                 seed + 1);
+        mha::problems::add_random_additive_mask(p, broadcast_shape(in, full), in.ConsumeBool(),
+                                                seed + 1);
     }
     if (family == MaskFamily::key_padding || family == MaskFamily::both_torch) {
         p.key_padding_mask = torch_mask(in, true, d, seed + 2);
@@ -690,7 +690,7 @@ void fuzz_decode(FuzzedDataProvider &in, uint64_t seed) {
             kv_heads--;
         } while (d.num_heads % kv_heads != 0);
     }
-    Problem p = mha::reference::random_problem(d, seed, false, 0, 0, kv_heads);
+    Problem p = mha::problems::random_problem(d, seed, false, 0, 0, kv_heads);
     ModuleArgs m = module_args(in, p);
     const int64_t E = d.embed_dim;
     std::vector<Arg *> module_tensors;
@@ -755,7 +755,7 @@ void fuzz_decode(FuzzedDataProvider &in, uint64_t seed) {
             overfull |= int64_t(sequences[b].size()) / E + count > capacity;
         }
         std::vector<float> tokens =
-            mha::reference::random_problem({batch, n, n, E, d.num_heads}, token_seed++).query;
+            mha::problems::random_problem({batch, n, n, E, d.num_heads}, token_seed++).query;
         std::vector<uint8_t> padding;
         std::optional<mha::MaskConvention> convention;
         if (in.ConsumeBool()) {

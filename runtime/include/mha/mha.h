@@ -23,6 +23,8 @@
 #include <variant>
 #include <vector>
 
+#include "mha/types.h"
+
 namespace mha {
 
 // Raised for bad arguments and for failures reported by a kernel.
@@ -38,19 +40,8 @@ public:
 // anything is allocated or read.
 inline constexpr int64_t kMaxBufferBytes = 2147483647;
 
-// Where a module runs its kernels. The CPU kernels are in the mha library itself; a program
-// that uses a GPU links that device's library too (CMake targets mha_cuda, mha_opencl).
-enum class Device {
-    cpu,     // x86-64 SIMD, the best of AVX-512 / AVX2 / SSE4.1 this CPU supports
-    cuda,    // NVIDIA GPUs of compute capability 8.0 or newer (A100, H100, H200, ...)
-    opencl,  // any OpenCL 1.2 device (also CPUs, through PoCL)
-};
-
-// The element type of a module's activations and weights. Whatever it is, the kernels
-// accumulate, and take the softmax and its statistics, in f32; the attention weights a call
-// returns are f32. A 16-bit element is held as its bits: bfloat16 (bf16: f32's exponent, 8 bits
-// of mantissa) or float16 (f16: IEEE binary16).
-enum class DType { f32, bf16, f16 };
+// A 16-bit element of a tensor (mha::DType, types.h) held as its bits. The attention weights a
+// call returns are f32 in every dtype.
 struct bfloat16 {
     uint16_t bits = 0;
 };
@@ -79,12 +70,6 @@ using BF16Tensor = TensorView<const bfloat16>;
 using MutableBF16Tensor = TensorView<bfloat16>;
 using F16Tensor = TensorView<const float16>;
 using MutableF16Tensor = TensorView<float16>;
-
-// The two mask conventions of the seeds.
-enum class MaskConvention {
-    keep,   // 0 = blocked, nonzero = attend (PyTorch article: masked_fill(mask == 0, -1e9))
-    block,  // nonzero = blocked, 0 = attend (TF article: logits += mask * -1e9)
-};
 
 // A byte mask of the seeds, in either convention. In a forward call it has four dimensions, each
 // 1 (broadcast) or the full extent of [B, H, Sq, Sk]: [B, 1, 1, Sk] (key padding),
@@ -115,16 +100,6 @@ using MaskTensor = std::variant<BoolTensor, Tensor>;
 // weighs a key exactly 0, and a row that is -inf everywhere gives NaN, as in PyTorch. When a
 // boolean and a float PyTorch mask combine, True becomes -inf, as PyTorch converts it.
 // Four-dimensional seed masks keep a [B, Sk] key padding from broadcasting as [Sq, Sk].
-// Causal attention without a mask tensor: which keys query i sees when Sq != Sk.
-enum class Causal {
-    none,
-    // j <= i: PyTorch's is_causal=True (and F.scaled_dot_product_attention's), aligned top-left.
-    top_left,
-    // j <= i + Sk - Sq: FlashAttention's and PyTorch's causal_lower_right, what a decode step of
-    // Sq new tokens after Sk - Sq cached ones computes. The same as top_left when Sq == Sk.
-    bottom_right,
-};
-
 struct ForwardOptions {
     std::optional<Mask> mask;
     std::optional<Tensor> additive_mask;  // e.g. the TF article's mask·(-1e9), BERT's extended mask
@@ -283,7 +258,6 @@ public:
                             const ForwardOptions &options = {}) const;
 
 private:
-    struct Call;
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const detail::WidenedLinears &linears,
                        Device device, DType dtype);
     // forward() on tensors the kernels read as they are: f32, or bf16 for the matrix engine's
@@ -305,12 +279,6 @@ private:
     void decode_converted(const TensorView<const In> &tokens, KvCache &cache,
                           const TensorView<Out> &output, const std::optional<Mask> &key_padding,
                           const std::vector<int64_t> &new_tokens) const;
-    // Checks a call (reading no tensor) and finds its kernel, of `kernel_dtype`.
-    Call prepare(const Tensor &query, const Tensor &key, const Tensor &value,
-                 const ForwardOptions &options, DType kernel_dtype = DType::f32) const;
-    void check_kernel_buffers(const Tensor &query, const Tensor &key, const ForwardOptions &options,
-                              const Call &call) const;
-
     int64_t embed_dim_;
     int64_t num_heads_;
     Device device_;
@@ -333,7 +301,7 @@ void set_num_threads(int threads);
 
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
-    std::string name;  // e.g. mha_forward_cpu_avx512_small_bytes_mask_fused_weights
+    std::string name;  // e.g. mha_forward_cpu_avx512_token_bytes_mask_fused_weights
     std::string op;    // forward | qkv_projection | decode | average_heads
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs

@@ -5,7 +5,7 @@
 #include "checks.h"
 #include "cpu_isa.h"
 #include "halide_calls.h"
-#include "reference.h"
+#include "problems.h"
 #include "scratch_pool.h"
 
 namespace {
@@ -29,7 +29,7 @@ void expect_error(F &&f, const std::string &expected) {
 class ModuleErrors : public ::testing::Test {
 protected:
     const Dims d{2, 5, 7, 12, 3};
-    const Problem p = mha::reference::random_problem(d, 7);
+    const Problem p = mha::problems::random_problem(d, 7);
     std::vector<float> output = std::vector<float>(d.batch * d.query_len * d.embed_dim);
     std::vector<float> weights =
         std::vector<float>(d.batch * d.num_heads * d.query_len * d.key_len);
@@ -47,11 +47,11 @@ protected:
     // Runs forward with the problem's tensors, replacing some by the caller's.
     void forward(const mha::Tensor &q, const mha::Tensor &k, const mha::Tensor &v,
                  const std::optional<mha::Mask> &mask = std::nullopt) {
-        mha::reference::make_module(p).forward(q, k, v, output_view(), mask, weights_view());
+        mha::problems::make_module(p).forward(q, k, v, output_view(), mask, weights_view());
     }
-    mha::Tensor q() const { return mha::reference::query_view(p); }
-    mha::Tensor k() const { return mha::reference::key_view(p); }
-    mha::Tensor v() const { return mha::reference::value_view(p); }
+    mha::Tensor q() const { return mha::problems::query_view(p); }
+    mha::Tensor k() const { return mha::problems::key_view(p); }
+    mha::Tensor v() const { return mha::problems::value_view(p); }
 };
 
 TEST_F(ModuleErrors, EmbedDimNotDivisibleByHeads) {
@@ -231,7 +231,7 @@ TEST(SizeLimits, KvCache) {
 }  // namespace limits
 
 TEST_F(ModuleErrors, OutputAndWeightsShapes) {
-    const auto module = mha::reference::make_module(p);
+    const auto module = mha::problems::make_module(p);
     const mha::MutableTensor small_output{output.data(), {2, 4, 12}};
     expect_error([&] { module.forward(q(), k(), v(), small_output); },
                  "output has shape [2, 4, 12] but must be [2, 5, 12]");
@@ -275,7 +275,7 @@ TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
 // token, its output and a key padding that hides nothing.
 struct OneTokenStep {
     mha::MultiHeadAttention module =
-        mha::reference::make_module(mha::reference::random_problem({1, 1, 1, 12, 3}, 8));
+        mha::problems::make_module(mha::problems::random_problem({1, 1, 1, 12, 3}, 8));
     mha::KvCache cache = module.make_cache(1, 4);
     std::vector<float> token = std::vector<float>(12), out = std::vector<float>(12);
     std::vector<uint8_t> keep = std::vector<uint8_t>(4, 1);
@@ -339,7 +339,7 @@ TEST_F(ModuleErrors, EnumerationsOutOfRange) {
     mha::ForwardOptions options;
     options.causal = static_cast<mha::Causal>(3);
     expect_error(
-        [&] { mha::reference::make_module(p).forward(q(), k(), v(), output_view(), options); },
+        [&] { mha::problems::make_module(p).forward(q(), k(), v(), output_view(), options); },
         "causal 3 is none of none, top_left and bottom_right");
     OneTokenStep s;
     expect_error(
@@ -354,12 +354,12 @@ TEST_F(ModuleErrors, EnumerationsOutOfRange) {
 TEST_F(ModuleErrors, KernelNameChecksTheWeights) {
     mha::ForwardOptions options;
     options.weights = mha::MutableTensor{weights.data(), {2, 3, 5, 7, 1}};
-    expect_error([&] { mha::reference::make_module(p).kernel_name(q(), k(), v(), options); },
+    expect_error([&] { mha::problems::make_module(p).kernel_name(q(), k(), v(), options); },
                  "weights has shape [2, 3, 5, 7, 1] but must have 4 dimensions");
 }
 
 TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
-    const auto module = mha::reference::make_module(p);
+    const auto module = mha::problems::make_module(p);
     const mha::Tensor short_value{p.value.data(), {2, 6, 12}};
     EXPECT_THROW(module.forward(q(), k(), short_value, output_view()), mha::Error);
     module.forward(q(), k(), v(), output_view(), std::nullopt, weights_view());
@@ -371,8 +371,8 @@ TEST_F(ModuleErrors, ModuleStillWorksAfterErrors) {
 // An allocation that fails inside a kernel (the scratch pool refusing, as when memory runs out)
 // raises mha::Error from that call; the module and a KV cache then work on the next call.
 TEST(FaultInjection, FailedAllocationInsideAKernel) {
-    const Problem p = mha::reference::random_problem({2, 67, 67, 48, 4}, 5);
-    const auto module = mha::reference::make_module(p);
+    const Problem p = mha::problems::random_problem({2, 67, 67, 48, 4}, 5);
+    const auto module = mha::problems::make_module(p);
     std::vector<float> output(2 * 67 * 48);
     const mha::MutableTensor out{output.data(), {2, 67, 48}};
     const auto want = mha::reference::forward(p);
@@ -380,19 +380,19 @@ TEST(FaultInjection, FailedAllocationInsideAKernel) {
         mha::detail::scratch_fail_allocation_after(successes);
         expect_error(
             [&] {
-                module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                               mha::reference::value_view(p), out);
+                module.forward(mha::problems::query_view(p), mha::problems::key_view(p),
+                               mha::problems::value_view(p), out);
             },
             "Out of memory");
-        module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                       mha::reference::value_view(p), out);
+        module.forward(mha::problems::query_view(p), mha::problems::key_view(p),
+                       mha::problems::value_view(p), out);
         EXPECT_LT(mha::reference::relative_l2(output, want.output), 1e-5) << successes;
     }
 }
 
 TEST(FaultInjection, FailedAllocationInADecodeStepLeavesTheCache) {
-    const Problem p = mha::reference::random_problem({1, 1, 70, 32, 4}, 9);
-    const auto module = mha::reference::make_module(p);
+    const Problem p = mha::problems::random_problem({1, 1, 70, 32, 4}, 9);
+    const auto module = mha::problems::make_module(p);
     mha::KvCache cache = module.make_cache(1, 80);
     std::vector<float> output(70 * 32);
     const mha::Tensor prompt{p.key.data(), {1, 70, 32}};
@@ -420,7 +420,7 @@ TEST(FaultInjection, FailedAllocationInADecodeStepLeavesTheCache) {
 // A thread count holds from the next call on, and computes the same result.
 TEST_F(ModuleErrors, SetNumThreads) {
     expect_error([] { mha::set_num_threads(-1); }, "set_num_threads: threads -1 is negative");
-    const auto module = mha::reference::make_module(p);
+    const auto module = mha::problems::make_module(p);
     const auto want = mha::reference::forward(p);
     for (int threads : {1, 3, 0}) {
         mha::set_num_threads(threads);

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "reference.h"
+#include "problems.h"
 
 namespace mha::testing {
 
@@ -26,21 +26,21 @@ struct MaskSetup {
 inline void apply_masks(const MaskSetup &m, reference::Problem &p, uint64_t seed) {
     const reference::Dims &d = p.dims;
     if (m.seed_mask) {
-        reference::add_random_mask(p, *m.seed_mask, {d.batch, 1, d.query_len, d.key_len}, seed);
+        problems::add_random_mask(p, *m.seed_mask, {d.batch, 1, d.query_len, d.key_len}, seed);
     }
     if (m.additive) {
-        reference::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, true, seed + 1);
+        problems::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, true, seed + 1);
     }
     if (m.key_padding != TorchKind::none) {
-        p.key_padding_mask = reference::random_torch_mask(m.key_padding == TorchKind::boolean,
-                                                          {d.batch, d.key_len}, seed + 2);
+        p.key_padding_mask = problems::random_torch_mask(m.key_padding == TorchKind::boolean,
+                                                         {d.batch, d.key_len}, seed + 2);
     }
     if (m.attn != TorchKind::none) {
         std::vector<int64_t> shape = {d.query_len, d.key_len};
         if (m.attn_per_head) {
             shape.insert(shape.begin(), d.batch * d.num_heads);
         }
-        p.attn_mask = reference::random_torch_mask(m.attn == TorchKind::boolean, shape, seed + 3);
+        p.attn_mask = problems::random_torch_mask(m.attn == TorchKind::boolean, shape, seed + 3);
     }
 }
 

@@ -3,7 +3,7 @@
 find_program(CLANG_FORMAT NAMES clang-format clang-format-14 REQUIRED)
 set(sources "")
 foreach (dir IN ITEMS bench cli contract examples generators python reference runtime schedules tests
-                    tools tuner)
+                    tuner)
     file(GLOB_RECURSE found ${SOURCE_DIR}/${dir}/*.cpp ${SOURCE_DIR}/${dir}/*.h)
     list(APPEND sources ${found})
 endforeach ()

@@ -1,4 +1,4 @@
-# cmake -DREADME=<README.md> -DFILES=<file;...> -P readme_shows.cmake: the README holds each
+# cmake -DREADME=<a document> -DFILES=<file;...> -P shows_verbatim.cmake: the document holds each
 # file's whole text verbatim.
 file(READ ${README} readme)
 foreach (path IN LISTS FILES)

@@ -17,7 +17,7 @@
 #include "HalideRuntimeOpenCL.h"
 #include "mask_setups.h"
 #include "mha_contract.h"
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -29,7 +29,7 @@ using mha::reference::Problem;
 
 constexpr double kTolerance = 1e-5;
 
-using Result = mha::reference::Outputs;
+using Result = mha::problems::Outputs;
 
 void expect_matches_reference(const Problem &p, const Result &got, bool with_weights) {
     const auto want = mha::reference::forward(p);
@@ -63,7 +63,7 @@ std::optional<std::string> unavailable(Device device) {
         return std::nullopt;
     }
     try {
-        mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 4, 1}, 1), device);
+        mha::problems::make_module(mha::problems::random_problem({1, 2, 2, 4, 1}, 1), device);
     } catch (const mha::Error &e) {
         return std::string(e.what());
     }
@@ -111,14 +111,14 @@ TEST_P(GpuCases, MatchReference) {
     for (const GpuCase &c : kGpuCases) {
         SCOPED_TRACE(c.name);
         Problem p =
-            mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
+            mha::problems::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
         if (c.mask) {
-            mha::reference::add_random_mask(p, *c.mask,
-                                            {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
-                                            mha::testing::next_seed());
+            mha::problems::add_random_mask(p, *c.mask,
+                                           {c.dims.batch, 1, c.dims.query_len, c.dims.key_len},
+                                           mha::testing::next_seed());
         }
-        const auto module = mha::reference::make_module(p, device());
-        expect_matches_reference(p, mha::reference::run_module(module, p, c.with_weights),
+        const auto module = mha::problems::make_module(p, device());
+        expect_matches_reference(p, mha::problems::run_module(module, p, c.with_weights),
                                  c.with_weights);
     }
 }
@@ -156,28 +156,28 @@ TEST_P(GpuVariants, MatchReference) {
         GTEST_SKIP() << *why;
     }
     const Dims d = v.fused_qkv ? Dims{2, 19, 19, 24, 3} : Dims{2, 13, 37, 24, 3};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), v.fused_qkv);
+    Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), v.fused_qkv);
     // 16-bit tensors and weights, which the kernel widens exactly and computes on in f32: the
     // reference, fed the same rounded values, agrees to f32 accuracy.
     p.dtype = v.dtype;
     if (v.mask == mha::contract::MaskKind::bytes) {
-        mha::reference::add_random_mask(p, MaskConvention::keep,
-                                        {d.batch, 1, d.query_len, d.key_len},
-                                        mha::testing::next_seed());
+        mha::problems::add_random_mask(p, MaskConvention::keep,
+                                       {d.batch, 1, d.query_len, d.key_len},
+                                       mha::testing::next_seed());
     } else if (v.mask == mha::contract::MaskKind::additive) {
-        mha::reference::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, false,
-                                                 mha::testing::next_seed());
+        mha::problems::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, false,
+                                                mha::testing::next_seed());
     }
     p.causal = !v.causal     ? mha::Causal::none
                : v.fused_qkv ? mha::Causal::top_left
                              : mha::Causal::bottom_right;
     p.average_weights = averaged;
-    const auto module = mha::reference::make_module(p, device);
+    const auto module = mha::problems::make_module(p, device);
     std::vector<float> weights(v.returns_weights ? d.batch * d.num_heads * d.query_len * d.key_len
                                                  : 0);
     const std::string name = module.kernel_name(
-        mha::reference::query_view(p), mha::reference::key_view(p), mha::reference::value_view(p),
-        mha::reference::options_view(
+        mha::problems::query_view(p), mha::problems::key_view(p), mha::problems::value_view(p),
+        mha::problems::options_view(
             p, v.returns_weights
                    ? std::optional<mha::MutableTensor>(mha::MutableTensor{
                          weights.data(),
@@ -198,7 +198,7 @@ TEST_P(GpuVariants, MatchReference) {
         }
     }
     EXPECT_TRUE(found) << name;
-    expect_matches_reference(p, mha::reference::run_module(module, p, v.returns_weights),
+    expect_matches_reference(p, mha::problems::run_module(module, p, v.returns_weights),
                              v.returns_weights);
 }
 
@@ -227,30 +227,30 @@ INSTANTIATE_TEST_SUITE_P(EveryForwardKernel, GpuVariants, ::testing::ValuesIn(de
 // nn.MultiheadAttention's kdim and vdim, and causal attention in both alignments.
 TEST_P(Gpu, KdimVdimAndCausal) {
     for (mha::Causal causal : {mha::Causal::top_left, mha::Causal::bottom_right}) {
-        Problem p = mha::reference::random_problem({2, 9, 5, 12, 3}, mha::testing::next_seed(),
-                                                   false, 7, 20);
+        Problem p = mha::problems::random_problem({2, 9, 5, 12, 3}, mha::testing::next_seed(),
+                                                  false, 7, 20);
         p.causal = causal;
-        const auto module = mha::reference::make_module(p, device());
-        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+        const auto module = mha::problems::make_module(p, device());
+        expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
     }
 }
 
 // Grouped-query heads on the device, self- and cross-attention.
 TEST_P(Gpu, GroupedQueryHeads) {
     for (const Dims &d : {Dims{2, 7, 7, 24, 6}, Dims{1, 5, 9, 16, 4}}) {
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed(),
-                                                   d.query_len == d.key_len, 0, 0, 2);
-        const auto module = mha::reference::make_module(p, device());
-        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed(),
+                                                  d.query_len == d.key_len, 0, 0, 2);
+        const auto module = mha::problems::make_module(p, device());
+        expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
     }
 }
 
 // The weights averaged over heads on the device: the mean of the per-head weights.
 TEST_P(Gpu, AveragedWeights) {
-    Problem p = mha::reference::random_problem({2, 6, 9, 12, 3}, mha::testing::next_seed());
+    Problem p = mha::problems::random_problem({2, 6, 9, 12, 3}, mha::testing::next_seed());
     p.average_weights = true;
-    const auto module = mha::reference::make_module(p, device());
-    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    const auto module = mha::problems::make_module(p, device());
+    expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
 }
 
 // Every mask family and combination (tests/mask_setups.h), cross- and self-attention, in every
@@ -265,11 +265,11 @@ TEST_P(GpuMasks, MatchReference) {
     }
     for (const Dims &d : {Dims{2, 5, 7, 12, 3}, Dims{2, 6, 6, 8, 1}}) {
         const bool self = d.query_len == d.key_len;
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), self);
         p.dtype = dtype;
         mha::testing::apply_masks(setup, p, mha::testing::next_seed());
-        const auto module = mha::reference::make_module(p, device);
-        expect_matches_reference(p, mha::reference::run_module(module, p, self), self);
+        const auto module = mha::problems::make_module(p, device);
+        expect_matches_reference(p, mha::problems::run_module(module, p, self), self);
     }
 }
 
@@ -288,15 +288,15 @@ TEST_P(Gpu, FullyMaskedRowIsUniformAndFinite) {
     for (mha::DType dtype : mha::contract::kDTypes) {
         SCOPED_TRACE(mha::contract::dtype_name(dtype));
         const Dims d{1, 3, 6, 8, 2};
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
         p.dtype = dtype;
-        mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
-                                        mha::testing::next_seed());
+        mha::problems::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
+                                       mha::testing::next_seed());
         for (int64_t j = 0; j < d.key_len; j++) {
             p.mask[1 * d.key_len + j] = 0;  // query row 1 sees no key
         }
         const Result got =
-            mha::reference::run_module(mha::reference::make_module(p, device()), p, true);
+            mha::problems::run_module(mha::problems::make_module(p, device()), p, true);
         for (int64_t h = 0; h < d.num_heads; h++) {
             for (int64_t j = 0; j < d.key_len; j++) {
                 EXPECT_NEAR(got.weights[(h * d.query_len + 1) * d.key_len + j], 1.0 / d.key_len,
@@ -312,9 +312,9 @@ TEST_P(Gpu, FullyMaskedRowIsUniformAndFinite) {
 // must give new results.
 TEST_P(Gpu, HostInputsRewrittenInPlaceAreCopiedAgain) {
     const Dims d{2, 6, 6, 12, 3};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(p, device());
-    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(p, device());
+    expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
     std::mt19937 rng(mha::testing::next_seed());
     std::uniform_real_distribution<float> u(-1, 1);
     for (auto *tensor : {&p.query, &p.key, &p.value}) {
@@ -322,20 +322,20 @@ TEST_P(Gpu, HostInputsRewrittenInPlaceAreCopiedAgain) {
             x = u(rng);  // same vectors, same addresses, new values
         }
     }
-    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
 }
 
 // Key counts on both sides of the attention's key-tile edges (tiles of 16 keys; PoCL miscompiles
-// a key tile wider than the block's threads, tests/opencl/idle_work_items.cl), with and without
+// a key tile wider than the block's threads, tests/gpu/opencl/idle_work_items.cl), with and without
 // the weights.
 TEST_P(Gpu, KeyCountsAcrossTileEdges) {
     for (int64_t keys : {1, 15, 16, 17, 31, 32, 33, 48, 49}) {
         SCOPED_TRACE(keys);
         const Problem p =
-            mha::reference::random_problem({1, 9, keys, 64, 1}, mha::testing::next_seed());
-        const auto module = mha::reference::make_module(p, device());
-        expect_matches_reference(p, mha::reference::run_module(module, p, false), false);
-        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+            mha::problems::random_problem({1, 9, keys, 64, 1}, mha::testing::next_seed());
+        const auto module = mha::problems::make_module(p, device());
+        expect_matches_reference(p, mha::problems::run_module(module, p, false), false);
+        expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
     }
 }
 
@@ -344,15 +344,15 @@ TEST_P(Gpu, KeyCountsAcrossTileEdges) {
 TEST_P(Gpu, SixteenBitModules) {
     for (mha::DType dtype : {mha::DType::bf16, mha::DType::f16}) {
         SCOPED_TRACE(mha::contract::dtype_name(dtype));
-        Problem p = mha::reference::random_problem({2, 7, 9, 24, 3}, mha::testing::next_seed());
+        Problem p = mha::problems::random_problem({2, 7, 9, 24, 3}, mha::testing::next_seed());
         p.dtype = dtype;
-        const auto module = mha::reference::make_module(p, device());
-        const mha::Tensor query = mha::reference::query_view(p);
-        const mha::Tensor key = mha::reference::key_view(p);
-        const mha::Tensor value = mha::reference::value_view(p);
+        const auto module = mha::problems::make_module(p, device());
+        const mha::Tensor query = mha::problems::query_view(p);
+        const mha::Tensor key = mha::problems::key_view(p);
+        const mha::Tensor value = mha::problems::value_view(p);
         const std::string kernel = module.kernel_name(query, key, value);
         EXPECT_EQ(kernel.substr(kernel.rfind('_') + 1), mha::contract::dtype_name(dtype)) << kernel;
-        expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+        expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
         std::vector<float> output(p.query.size());
         module.forward(query, key, value, {output.data(), query.shape});
         EXPECT_LT(mha::reference::relative_l2(output, mha::reference::forward(p).output),
@@ -385,8 +385,8 @@ struct DeviceTensor {
 
 TEST_P(Gpu, DeviceResidentTensorsAreUsedInPlace) {
     const Dims d{2, 5, 9, 16, 4};
-    const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(p, device());
+    const Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(p, device());
     std::vector<float> query = p.query, key = p.key, value = p.value;
     std::vector<float> output(d.batch * d.query_len * d.embed_dim, NAN);
     std::vector<float> weights(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
@@ -406,9 +406,9 @@ TEST_P(Gpu, DeviceResidentTensorsAreUsedInPlace) {
 // device. A bf16 output there cannot be converted (the kernels write f32): a clear error.
 TEST_P(Gpu, DeviceResidentSixteenBitInputs) {
     const Dims d{2, 5, 9, 16, 4};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+    Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
     p.dtype = mha::DType::bf16;
-    const auto module = mha::reference::make_module(p, device());
+    const auto module = mha::problems::make_module(p, device());
     using mha::reference::bits_of;
     std::vector<uint16_t> query = bits_of(p.query, p.dtype), key = bits_of(p.key, p.dtype);
     std::vector<uint16_t> value = bits_of(p.value, p.dtype);
@@ -456,8 +456,8 @@ TEST(OpenClFaults, NoDevice) {
         GTEST_SKIP() << "run with HL_OCL_DEVICE_TYPE=gpu";
     }
     try {
-        mha::reference::make_module(mha::reference::random_problem({1, 2, 2, 8, 2}, 1),
-                                    Device::opencl);
+        mha::problems::make_module(mha::problems::random_problem({1, 2, 2, 8, 2}, 1),
+                                   Device::opencl);
         FAIL() << "no error without a device";
     } catch (const mha::Error &e) {
         EXPECT_PRED2(contains, e.what(),
@@ -472,10 +472,10 @@ TEST(OpenClFaults, FailedKernelLaunch) {
     if (!fault_setting("POCL_MAX_WORK_GROUP_SIZE")) {
         GTEST_SKIP() << "run with POCL_MAX_WORK_GROUP_SIZE=4";
     }
-    const Problem p = mha::reference::random_problem({1, 9, 9, 16, 2}, 1);
-    const auto module = mha::reference::make_module(p, Device::opencl);
+    const Problem p = mha::problems::random_problem({1, 9, 9, 16, 2}, 1);
+    const auto module = mha::problems::make_module(p, Device::opencl);
     try {
-        mha::reference::run_module(module, p, false);
+        mha::problems::run_module(module, p, false);
         FAIL() << "no error from a launch that cannot run";
     } catch (const mha::Error &e) {
         EXPECT_PRED2(contains, e.what(), "kernel mha_forward_opencl_any_none_mask_");
@@ -489,28 +489,28 @@ TEST(OpenClFaults, OutOfDeviceMemory) {
     if (!fault_setting("POCL_MEMORY_LIMIT")) {
         GTEST_SKIP() << "run with POCL_MEMORY_LIMIT=1";
     }
-    const Problem p = mha::reference::random_problem({1, 4, 4, 64, 1}, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(p, Device::opencl);
+    const Problem p = mha::problems::random_problem({1, 4, 4, 64, 1}, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(p, Device::opencl);
     const int64_t rows = (int64_t(1) << 20) + 64, E = 64;  // 256 MiB + 16 KiB
     std::vector<float> large(rows * E, 0.5f), output(rows * E);
     try {
-        module.forward({large.data(), {1, rows, E}}, mha::reference::key_view(p),
-                       mha::reference::value_view(p), {output.data(), {1, rows, E}});
+        module.forward({large.data(), {1, rows, E}}, mha::problems::key_view(p),
+                       mha::problems::value_view(p), {output.data(), {1, rows, E}});
         FAIL() << "no error from a query larger than the device's largest allocation";
     } catch (const mha::Error &e) {
         EXPECT_PRED2(contains, e.what(), "copying query to the opencl device failed");
         EXPECT_PRED2(contains, e.what(), "CL_INVALID_BUFFER_SIZE");
     }
-    expect_matches_reference(p, mha::reference::run_module(module, p, true), true);
+    expect_matches_reference(p, mha::problems::run_module(module, p, true), true);
 }
 
 TEST(Cuda, WithoutADriverConstructionFailsClearly) {
     if (cuda_driver_present()) {
         GTEST_SKIP() << "a CUDA driver is present on this machine";
     }
-    const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
+    const Problem p = mha::problems::random_problem({1, 2, 2, 8, 2}, 1);
     try {
-        mha::reference::make_module(p, Device::cuda);
+        mha::problems::make_module(p, Device::cuda);
         FAIL() << "no error without a CUDA driver";
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "no cuda driver found: libcuda.so.1 could not be loaded");
@@ -520,12 +520,12 @@ TEST(Cuda, WithoutADriverConstructionFailsClearly) {
 INSTANTIATE_TEST_SUITE_P(Devices, Gpu, kGpuDevices, device_label);
 
 TEST(CpuModule, RejectsDeviceHandles) {
-    const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
-    const auto module = mha::reference::make_module(p);
+    const Problem p = mha::problems::random_problem({1, 2, 2, 8, 2}, 1);
+    const auto module = mha::problems::make_module(p);
     std::vector<float> out(16);
     try {
-        module.forward({nullptr, {1, 2, 8}, 0x1234}, mha::reference::key_view(p),
-                       mha::reference::value_view(p), {out.data(), {1, 2, 8}});
+        module.forward({nullptr, {1, 2, 8}, 0x1234}, mha::problems::key_view(p),
+                       mha::problems::value_view(p), {out.data(), {1, 2, 8}});
         FAIL() << "no error";
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "query has a device_handle but the module runs on the cpu");

@@ -5,7 +5,7 @@
 #include <random>
 #include <thread>
 
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -14,11 +14,11 @@ using mha::MaskConvention;
 using mha::reference::Dims;
 using mha::reference::Problem;
 
-using ForwardResult = mha::reference::Outputs;
+using ForwardResult = mha::problems::Outputs;
 
 // Runs the library's forward pass on `p`, with or without the weights.
 ForwardResult run_forward(const Problem &p, bool with_weights) {
-    return mha::reference::run_module(mha::reference::make_module(p), p, with_weights);
+    return mha::problems::run_module(mha::problems::make_module(p), p, with_weights);
 }
 
 void expect_matches_reference(const Problem &p, bool with_weights) {
@@ -35,7 +35,7 @@ void expect_matches_reference(const Problem &p, bool with_weights) {
 TEST(SeedExample, ShapesAndValuesMatchTheArticle) {
     // batch 2, sequence 5, embed 512, 8 heads: output [2, 5, 512], weights [2, 8, 5, 5].
     const Problem p =
-        mha::reference::random_problem({2, 5, 5, 512, 8}, mha::testing::next_seed(), true);
+        mha::problems::random_problem({2, 5, 5, 512, 8}, mha::testing::next_seed(), true);
     const ForwardResult got = run_forward(p, true);
     ASSERT_EQ(got.output.size(), 2u * 5 * 512);
     ASSERT_EQ(got.weights.size(), 2u * 8 * 5 * 5);
@@ -69,23 +69,23 @@ class ForwardShapes : public ::testing::TestWithParam<ShapeCase> {};
 
 TEST_P(ForwardShapes, MatchesReferenceWithWeights) {
     const Dims d = GetParam().dims;
-    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed()), true);
+    expect_matches_reference(mha::problems::random_problem(d, mha::testing::next_seed()), true);
 }
 
 TEST_P(ForwardShapes, MatchesReferenceWithoutWeights) {
     const Dims d = GetParam().dims;
-    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed()), false);
+    expect_matches_reference(mha::problems::random_problem(d, mha::testing::next_seed()), false);
 }
 
 TEST_P(ForwardShapes, SelfAttentionMatchesReference) {
     Dims d = GetParam().dims;
     d.key_len = d.query_len;
-    expect_matches_reference(mha::reference::random_problem(d, mha::testing::next_seed(), true),
+    expect_matches_reference(mha::problems::random_problem(d, mha::testing::next_seed(), true),
                              true);
 }
 
 TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
-    const Problem p = mha::reference::random_problem(GetParam().dims, mha::testing::next_seed());
+    const Problem p = mha::problems::random_problem(GetParam().dims, mha::testing::next_seed());
     const ForwardResult with = run_forward(p, true);
     const ForwardResult without = run_forward(p, false);
     ASSERT_EQ(with.output.size(), without.output.size());
@@ -96,7 +96,7 @@ TEST_P(ForwardShapes, OutputIsTheSameWithAndWithoutWeights) {
 }
 
 TEST_P(ForwardShapes, WeightRowsSumToOne) {
-    const Problem p = mha::reference::random_problem(GetParam().dims, mha::testing::next_seed());
+    const Problem p = mha::problems::random_problem(GetParam().dims, mha::testing::next_seed());
     const ForwardResult got = run_forward(p, true);
     const int64_t Sk = p.dims.key_len;
     for (size_t row = 0; row < got.weights.size() / Sk; row++) {
@@ -120,14 +120,13 @@ class TokenRowCounts : public ::testing::TestWithParam<int64_t> {};
 TEST_P(TokenRowCounts, BatchOfSingleTokensMatchesReference) {
     const int64_t rows = GetParam();
     expect_matches_reference(
-        mha::reference::random_problem({rows, 1, 1, 40, 5}, mha::testing::next_seed(), true),
-        false);
+        mha::problems::random_problem({rows, 1, 1, 40, 5}, mha::testing::next_seed(), true), false);
 }
 
 TEST_P(TokenRowCounts, OneSequenceMatchesReference) {
     const int64_t rows = GetParam();
     expect_matches_reference(
-        mha::reference::random_problem({1, rows, rows, 40, 5}, mha::testing::next_seed(), true),
+        mha::problems::random_problem({1, rows, rows, 40, 5}, mha::testing::next_seed(), true),
         true);
 }
 
@@ -136,7 +135,7 @@ TEST_P(TokenRowCounts, OneSequenceMatchesReference) {
 TEST_P(TokenRowCounts, FewQueriesAgainstALongContextMatchReference) {
     const int64_t rows = GetParam();
     expect_matches_reference(
-        mha::reference::random_problem({1, rows, 101, 40, 5}, mha::testing::next_seed()), false);
+        mha::problems::random_problem({1, rows, 101, 40, 5}, mha::testing::next_seed()), false);
 }
 
 INSTANTIATE_TEST_SUITE_P(OneToSeventeenAndPrimes, TokenRowCounts,
@@ -187,9 +186,9 @@ class ForwardMasks : public ::testing::TestWithParam<MaskCase> {};
 
 TEST_P(ForwardMasks, MatchesReference) {
     for (const Dims d : {Dims{2, 7, 11, 12, 3}, Dims{3, 5, 5, 40, 4}, Dims{1, 1, 13, 8, 2}}) {
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-        mha::reference::add_random_mask(p, GetParam().convention, mask_shape(GetParam().shape, d),
-                                        mha::testing::next_seed());
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
+        mha::problems::add_random_mask(p, GetParam().convention, mask_shape(GetParam().shape, d),
+                                       mha::testing::next_seed());
         SCOPED_TRACE(::testing::Message() << "B " << d.batch << " Sq " << d.query_len);
         expect_matches_reference(p, true);
         expect_matches_reference(p, false);
@@ -202,10 +201,9 @@ INSTANTIATE_TEST_SUITE_P(BothConventions, ForwardMasks, ::testing::ValuesIn(kMas
 // The same blocked positions in both conventions give the same result.
 TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
     const Dims d{2, 6, 9, 16, 4};
-    Problem keep = mha::reference::random_problem(d, mha::testing::next_seed());
-    mha::reference::add_random_mask(keep, MaskConvention::keep,
-                                    {d.batch, 1, d.query_len, d.key_len},
-                                    mha::testing::next_seed());
+    Problem keep = mha::problems::random_problem(d, mha::testing::next_seed());
+    mha::problems::add_random_mask(keep, MaskConvention::keep, {d.batch, 1, d.query_len, d.key_len},
+                                   mha::testing::next_seed());
     Problem block = keep;
     block.mask_convention = MaskConvention::block;
     for (uint8_t &m : block.mask) {
@@ -219,9 +217,9 @@ TEST(ForwardMaskConventions, KeepAndBlockAreComplements) {
 TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
     const Dims d{2, 4, 7, 12, 3};
     for (MaskConvention convention : {MaskConvention::keep, MaskConvention::block}) {
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-        mha::reference::add_random_mask(p, convention, {1, 1, d.query_len, d.key_len},
-                                        mha::testing::next_seed());
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
+        mha::problems::add_random_mask(p, convention, {1, 1, d.query_len, d.key_len},
+                                       mha::testing::next_seed());
         const uint8_t blocked = convention == MaskConvention::keep ? 0 : 1;
         for (int64_t j = 0; j < d.key_len; j++) {
             p.mask[2 * d.key_len + j] = blocked;  // query row 2 sees no key
@@ -244,19 +242,19 @@ TEST(ForwardMaskConventions, FullyMaskedRowGivesUniformWeights) {
 
 TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
     const Dims d{2, 9, 14, 24, 3};
-    const Problem shared = mha::reference::random_problem(d, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(shared);
+    const Problem shared = mha::problems::random_problem(d, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(shared);
     constexpr int kThreads = 6;
     std::vector<Problem> problems;
     for (int t = 0; t < kThreads; t++) {
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
         for (int l = 0; l < 4; l++) {  // same module weights, fresh inputs
             p.weight[l] = shared.weight[l];
             p.bias[l] = shared.bias[l];
         }
         if (t % 2 == 1) {
-            mha::reference::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
-                                            mha::testing::next_seed());
+            mha::problems::add_random_mask(p, MaskConvention::keep, {1, 1, d.query_len, d.key_len},
+                                           mha::testing::next_seed());
         }
         problems.push_back(std::move(p));
     }
@@ -269,10 +267,10 @@ TEST(ForwardConcurrency, ManyThreadsShareOneModule) {
             r.output.assign(d.batch * d.query_len * d.embed_dim, NAN);
             r.weights.assign(d.batch * d.num_heads * d.query_len * d.key_len, NAN);
             for (int repeat = 0; repeat < 20; repeat++) {
-                module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
-                               mha::reference::value_view(p),
+                module.forward(mha::problems::query_view(p), mha::problems::key_view(p),
+                               mha::problems::value_view(p),
                                {r.output.data(), {d.batch, d.query_len, d.embed_dim}},
-                               mha::reference::mask_view(p),
+                               mha::problems::mask_view(p),
                                mha::MutableTensor{r.weights.data(),
                                                   {d.batch, d.num_heads, d.query_len, d.key_len}});
             }
@@ -299,17 +297,17 @@ TEST(ForwardFeatures, KdimAndVdimMatchReference) {
     };
     for (const Case &c : {Case{{2, 5, 7, 12, 3}, 7, 20}, Case{{1, 3, 11, 12, 4}, 1, 13},
                           Case{{2, 9, 4, 96, 1}, 33, 96}, Case{{3, 6, 6, 8, 2}, 5, 5}}) {
-        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), false, c.kdim,
-                                                   c.vdim);
-        const auto module = mha::reference::make_module(p);
+        Problem p =
+            mha::problems::random_problem(c.dims, mha::testing::next_seed(), false, c.kdim, c.vdim);
+        const auto module = mha::problems::make_module(p);
         ASSERT_EQ(module.kdim(), c.kdim);
         ASSERT_EQ(module.vdim(), c.vdim);
         SCOPED_TRACE(::testing::Message() << "kdim " << c.kdim << " vdim " << c.vdim);
         expect_matches_reference(p, true);
         p.causal = mha::Causal::bottom_right;
-        mha::reference::add_random_mask(p, MaskConvention::keep,
-                                        {c.dims.batch, 1, 1, c.dims.key_len},
-                                        mha::testing::next_seed());
+        mha::problems::add_random_mask(p, MaskConvention::keep,
+                                       {c.dims.batch, 1, 1, c.dims.key_len},
+                                       mha::testing::next_seed());
         expect_matches_reference(p, false);
     }
 }
@@ -317,7 +315,7 @@ TEST(ForwardFeatures, KdimAndVdimMatchReference) {
 // PyTorch's packed in_proj_weight [3E, E] and in_proj_bias [3E] are Wq, Wk, Wv stacked.
 TEST(ForwardFeatures, PackedInProjEqualsThreeLinears) {
     const Dims d{2, 6, 6, 20, 4};
-    const Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), true);
+    const Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), true);
     std::vector<float> in_proj_weight, in_proj_bias;
     for (int l = 0; l < 3; l++) {
         in_proj_weight.insert(in_proj_weight.end(), p.weight[l].begin(), p.weight[l].end());
@@ -325,23 +323,23 @@ TEST(ForwardFeatures, PackedInProjEqualsThreeLinears) {
     }
     const auto packed = mha::MultiHeadAttention::from_in_proj(
         d.embed_dim, d.num_heads, {in_proj_weight.data(), {3 * d.embed_dim, d.embed_dim}},
-        mha::Tensor{in_proj_bias.data(), {3 * d.embed_dim}}, mha::reference::linears(p)[3],
+        mha::Tensor{in_proj_bias.data(), {3 * d.embed_dim}}, mha::problems::linears(p)[3],
         mha::Device::cpu, p.dtype);
-    EXPECT_EQ(mha::reference::run_module(packed, p, true).output, run_forward(p, true).output);
+    EXPECT_EQ(mha::problems::run_module(packed, p, true).output, run_forward(p, true).output);
 }
 
 // Each projection's bias is optional, and a missing one is zero.
 TEST(ForwardFeatures, MissingBiasIsZero) {
     const Dims d{2, 5, 8, 12, 3};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
-    std::array<mha::Linear, 4> linears = mha::reference::linears(p);
+    Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
+    std::array<mha::Linear, 4> linears = mha::problems::linears(p);
     linears[1].bias.reset();
     linears[3].bias.reset();
     const mha::MultiHeadAttention module(d.embed_dim, d.num_heads, linears[0], linears[1],
                                          linears[2], linears[3], mha::Device::cpu, p.dtype);
     std::fill(p.bias[1].begin(), p.bias[1].end(), 0.0f);
     std::fill(p.bias[3].begin(), p.bias[3].end(), 0.0f);
-    const auto got = mha::reference::run_module(module, p, false);
+    const auto got = mha::problems::run_module(module, p, false);
     EXPECT_LT(mha::reference::relative_l2(got.output, mha::reference::forward(p).output),
               mha::reference::output_tolerance(p));
 }
@@ -351,9 +349,9 @@ TEST(ForwardFeatures, MissingBiasIsZero) {
 TEST(ForwardFeatures, AveragedWeightsMatchTheReferenceMean) {
     for (const Dims &d : {Dims{2, 5, 7, 12, 3}, Dims{1, 9, 9, 8, 1}, Dims{3, 4, 17, 30, 5}}) {
         Problem p =
-            mha::reference::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
-        mha::reference::add_random_mask(p, MaskConvention::block, {d.batch, 1, 1, d.key_len},
-                                        mha::testing::next_seed());
+            mha::problems::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
+        mha::problems::add_random_mask(p, MaskConvention::block, {d.batch, 1, 1, d.key_len},
+                                       mha::testing::next_seed());
         p.causal = mha::Causal::bottom_right;
         p.average_weights = true;
         expect_matches_reference(p, true);
@@ -372,16 +370,16 @@ TEST(ForwardFeatures, GroupedQueryHeadsMatchReference) {
          {Case{{2, 7, 7, 24, 6}, 2}, Case{{2, 5, 11, 16, 4}, 1}, Case{{1, 9, 9, 192, 2}, 1},
           Case{{3, 4, 13, 32, 8}, 4}, Case{{1, 33, 33, 12, 3}, 3}, Case{{2, 6, 6, 4, 4}, 2}}) {
         const bool self = c.dims.query_len == c.dims.key_len;
-        Problem p = mha::reference::random_problem(c.dims, mha::testing::next_seed(), self, 0, 0,
-                                                   c.kv_heads);
-        ASSERT_EQ(mha::reference::make_module(p).num_kv_heads(), c.kv_heads);
+        Problem p = mha::problems::random_problem(c.dims, mha::testing::next_seed(), self, 0, 0,
+                                                  c.kv_heads);
+        ASSERT_EQ(mha::problems::make_module(p).num_kv_heads(), c.kv_heads);
         SCOPED_TRACE(::testing::Message()
                      << "H " << c.dims.num_heads << " kv_heads " << c.kv_heads);
         expect_matches_reference(p, true);
         expect_matches_reference(p, false);
-        mha::reference::add_random_mask(p, MaskConvention::keep,
-                                        {c.dims.batch, 1, 1, c.dims.key_len},
-                                        mha::testing::next_seed());
+        mha::problems::add_random_mask(p, MaskConvention::keep,
+                                       {c.dims.batch, 1, 1, c.dims.key_len},
+                                       mha::testing::next_seed());
         p.causal = mha::Causal::top_left;
         p.average_weights = true;
         expect_matches_reference(p, true);

@@ -1,7 +1,7 @@
 // bf16 and f16: conversions, modules of those dtypes against the double-precision reference fed
 // the same rounded inputs and weights, 16-bit weights and outputs, and their errors. This binary
 // also runs every forward, mask, non-finite and decode suite in one dtype (MHA_TEST_DTYPE=bf16
-// or f16, set by tests/CMakeLists.txt), through reference::set_problem_dtype.
+// or f16, set by tests/CMakeLists.txt), through problems::set_problem_dtype.
 #include <gtest/gtest.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -15,7 +15,7 @@
 
 #include "dtype.h"
 #include "mha_contract.h"
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -31,7 +31,7 @@ using mha::reference::Problem;
             std::fprintf(stderr, "MHA_TEST_DTYPE=%s is none of f32, bf16 and f16\n", name);
             std::exit(2);
         }
-        mha::reference::set_problem_dtype(*dtype);
+        mha::problems::set_problem_dtype(*dtype);
     }
     return true;
 }();
@@ -126,9 +126,9 @@ TEST_P(Dtypes, MatchTheReferenceOnRoundedInputs) {
     const double bound = GetParam() == DType::bf16 ? 1e-2 : 2e-3;
     for (const DtypeCase &c : kDtypeCases) {
         Problem p =
-            mha::reference::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
+            mha::problems::random_problem(c.dims, mha::testing::next_seed(), c.self_attention);
         p.dtype = GetParam();
-        const auto got = mha::reference::run_module(mha::reference::make_module(p), p, true);
+        const auto got = mha::problems::run_module(mha::problems::make_module(p), p, true);
         const auto want = mha::reference::forward(p);
         const double output_error = mha::reference::relative_l2(got.output, want.output);
         EXPECT_LT(output_error, bound) << c.name;
@@ -158,12 +158,12 @@ TEST_P(Dtypes, MatchTheReferenceOnRoundedInputs) {
 // give; an output in the inputs' type is the f32 output rounded.
 template <typename T>
 void expect_16_bit_weights_and_output(DType dtype) {
-    Problem p = mha::reference::random_problem({2, 6, 6, 24, 3}, mha::testing::next_seed(), true);
+    Problem p = mha::problems::random_problem({2, 6, 6, 24, 3}, mha::testing::next_seed(), true);
     p.dtype = dtype;
-    const auto from_f32 = mha::reference::make_module(p);
+    const auto from_f32 = mha::problems::make_module(p);
     std::vector<T> weights[4], biases[4];
     std::array<mha::LinearOf<T>, 4> linears;
-    const std::array<mha::Linear, 4> f32 = mha::reference::linears(p);
+    const std::array<mha::Linear, 4> f32 = mha::problems::linears(p);
     for (int l = 0; l < 4; l++) {
         weights[l].resize(p.weight[l].size());
         biases[l].resize(p.bias[l].size());
@@ -175,12 +175,12 @@ void expect_16_bit_weights_and_output(DType dtype) {
     const mha::MultiHeadAttention from_16(p.dims.embed_dim, p.dims.num_heads, linears[0],
                                           linears[1], linears[2], linears[3]);
     EXPECT_EQ(from_16.dtype(), dtype);
-    const auto want = mha::reference::run_module(from_f32, p, false).output;
-    EXPECT_EQ(mha::reference::run_module(from_16, p, false).output, want);
+    const auto want = mha::problems::run_module(from_f32, p, false).output;
+    EXPECT_EQ(mha::problems::run_module(from_16, p, false).output, want);
 
     std::vector<T> tokens(p.query.size()), output(want.size());
     mha::detail::convert(p.query.data(), tokens.data(), int64_t(tokens.size()));
-    const mha::TensorView<const T> x{tokens.data(), mha::reference::query_view(p).shape};
+    const mha::TensorView<const T> x{tokens.data(), mha::problems::query_view(p).shape};
     from_16.forward(x, x, x, mha::TensorView<T>{output.data(), x.shape});
     std::vector<T> rounded(want.size());
     mha::detail::convert(want.data(), rounded.data(), int64_t(want.size()));
@@ -211,17 +211,16 @@ TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
     for (const auto &[dtype, embed_dim] :
          {std::pair{DType::bf16, 48}, {DType::bf16, 24}, {DType::f16, 48}}) {
         const bool wide = embed_dim >= mha::contract::kBf16TileDepth;
-        Problem p = mha::reference::random_problem({2, 7, 7, embed_dim, 3},
-                                                   mha::testing::next_seed(), true);
+        Problem p =
+            mha::problems::random_problem({2, 7, 7, embed_dim, 3}, mha::testing::next_seed(), true);
         p.dtype = dtype;
-        const auto module = mha::reference::make_module(p);
-        const std::string kernel =
-            module.kernel_name(mha::reference::query_view(p), mha::reference::key_view(p),
-                               mha::reference::value_view(p));
+        const auto module = mha::problems::make_module(p);
+        const std::string kernel = module.kernel_name(
+            mha::problems::query_view(p), mha::problems::key_view(p), mha::problems::value_view(p));
         const bool on_amx = kernel.find("_cpu_amx_") != std::string::npos;
         EXPECT_EQ(on_amx, amx && dtype == DType::bf16 && wide) << kernel;
         EXPECT_EQ(kernel.find("_bf16") != std::string::npos, on_amx) << kernel;
-        const auto got = mha::reference::run_module(module, p, true);
+        const auto got = mha::problems::run_module(module, p, true);
         const auto want = mha::reference::forward(p);
         EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
                   mha::reference::output_tolerance(p));
@@ -239,12 +238,12 @@ TEST(Dtypes16, WeightsAndOutputInF16) {
 
 // A decode step of bf16 tokens with a bf16 output: the f32 step's output, rounded.
 TEST(Dtypes16, DecodeStepInBf16) {
-    Problem p = mha::reference::random_problem({1, 1, 1, 16, 2}, mha::testing::next_seed());
+    Problem p = mha::problems::random_problem({1, 1, 1, 16, 2}, mha::testing::next_seed());
     p.dtype = DType::bf16;
-    const auto module = mha::reference::make_module(p);
+    const auto module = mha::problems::make_module(p);
     mha::KvCache cache16 = module.make_cache(2, 8), cache32 = module.make_cache(2, 8);
     const Problem tokens =
-        mha::reference::random_problem({2, 3, 3, 16, 2}, mha::testing::next_seed());
+        mha::problems::random_problem({2, 3, 3, 16, 2}, mha::testing::next_seed());
     std::vector<mha::bfloat16> x(tokens.query.size()), out16(x.size());
     std::vector<float> out32(x.size());
     mha::detail::convert(tokens.query.data(), x.data(), int64_t(x.size()));
@@ -260,8 +259,8 @@ TEST(Dtypes16, DecodeStepInBf16) {
 }
 
 TEST(Dtypes16, Errors) {
-    const Problem p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
-    const std::array<mha::Linear, 4> l = mha::reference::linears(p);
+    const Problem p = mha::problems::random_problem({1, 2, 2, 8, 2}, 1);
+    const std::array<mha::Linear, 4> l = mha::problems::linears(p);
     const auto expect_error = [](auto &&call, const std::string &message) {
         try {
             call();

@@ -10,7 +10,7 @@
 #include <limits>
 #include <tuple>
 
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -25,7 +25,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 void expect_like_reference(const mha::MultiHeadAttention &module, const Problem &p,
                            const std::string &what) {
     SCOPED_TRACE(what);
-    const auto got = mha::reference::run_module(module, p, true);
+    const auto got = mha::problems::run_module(module, p, true);
     const auto want = mha::reference::forward(p);
     // Per element: ten times the relative L2 bound (outputs: the dtype's), relative to 1 + |want|.
     for (const auto &[values, expected, tolerance] :
@@ -86,7 +86,7 @@ TEST_P(NonFinite, PropagateAsInPyTorch) {
         {"Inf in the output projection's bias", [&](Problem &p) { p.bias[3][5] = kInf; }, true},
     };
     for (const Case &c : cases) {
-        Problem p = mha::reference::random_problem(d, seed);
+        Problem p = mha::problems::random_problem(d, seed);
         c.poison(p);
         const auto want = mha::reference::forward(p);
         bool any_nan = false;
@@ -95,7 +95,7 @@ TEST_P(NonFinite, PropagateAsInPyTorch) {
         }
         ASSERT_EQ(any_nan, c.expect_nan) << c.name;
         try {
-            expect_like_reference(mha::reference::make_module(p, GetParam()), p, c.name);
+            expect_like_reference(mha::problems::make_module(p, GetParam()), p, c.name);
         } catch (const mha::Error &e) {
             GTEST_SKIP() << e.what();  // no OpenCL device on this machine
         }

@@ -12,7 +12,7 @@
 
 #include "HalideRuntime.h"
 #include "halide_calls.h"
-#include "reference.h"
+#include "problems.h"
 #include "scratch_pool.h"
 #include "test_seed.h"
 
@@ -23,7 +23,7 @@ using mha::reference::Problem;
 
 void run(const Problem &p, bool with_weights, std::vector<float> &output,
          std::vector<float> &weights) {
-    auto r = mha::reference::run_module(mha::reference::make_module(p), p, with_weights);
+    auto r = mha::problems::run_module(mha::problems::make_module(p), p, with_weights);
     output = std::move(r.output);
     weights = std::move(r.weights);
 }
@@ -47,7 +47,7 @@ std::string best_isa_of_this_cpu() {
 }
 
 TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {
-    const Problem p = mha::reference::random_problem({1, 7, 7, 24, 3}, mha::testing::next_seed());
+    const Problem p = mha::problems::random_problem({1, 7, 7, 24, 3}, mha::testing::next_seed());
     std::vector<float> out, w;
     run(p, false, out, w);
     const std::string after = mha::dispatched_isa();
@@ -58,7 +58,7 @@ TEST(Dispatch, RunsTheBestCompiledTargetThisCpuSupports) {
 
 TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
     for (const Dims d : {Dims{2, 9, 9, 24, 3}, Dims{1, 1, 1, 12, 3}, Dims{3, 17, 17, 40, 1}}) {
-        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), true);
+        const Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), true);
         std::vector<float> out, w;
         run(p, true, out, w);
         EXPECT_NE(std::string(mha::detail::last_kernel_name()).find("_fused"), std::string::npos)
@@ -71,7 +71,7 @@ TEST(QkvFusion, SelfAttentionOnOneTensorRunsTheFusedKernel) {
 
 TEST(QkvFusion, EqualContentsInDistinctTensorsTakeTheSeparateKernel) {
     Problem fused =
-        mha::reference::random_problem({2, 6, 6, 20, 4}, mha::testing::next_seed(), true);
+        mha::problems::random_problem({2, 6, 6, 20, 4}, mha::testing::next_seed(), true);
     Problem separate = fused;
     separate.self_attention = false;  // key and value are copies of query, not the same memory
     std::vector<float> out_fused, out_separate, w;
@@ -101,7 +101,7 @@ TEST(ShapeBuckets, ChosenByTheLargestProjection) {
         {Dims{1, 1, medium + 1, 16, 2}, "large"}};
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     for (const auto &[d, bucket] : cases) {
-        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        const Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
         std::vector<float> out, w;
         run(p, false, out, w);
         const std::string ran(mha::detail::last_kernel_name());
@@ -139,7 +139,7 @@ TEST(FusedAttention, NoScoresTensorAndAllocationsIndependentOfLength) {
     // Lengths of one shape bucket (B·max(Sq, Sk) in 65..1024), so that one kernel serves them all.
     for (const int64_t S : {128, 512, 1024}) {
         const Dims d{1, S, S, 64, 2};
-        const Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        const Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
         std::vector<float> out, w;
         run(p, false, out, w);  // warm-up: Halide's thread pool allocates on first use
         AllocationLog::reset();
@@ -182,7 +182,7 @@ TEST(ScratchPool, FreedBlocksAreReusedAligned) {
 
 TEST(ScratchPool, RepeatedCallsAllocateNothingNew) {
     const Problem p =
-        mha::reference::random_problem({2, 37, 37, 64, 2}, mha::testing::next_seed(), true);
+        mha::problems::random_problem({2, 37, 37, 64, 2}, mha::testing::next_seed(), true);
     std::vector<float> out, w;
     // On one thread the tasks ask in one order. On several, which free block a task takes
     // depends on the order they ask in, and an order not seen before can need one more block

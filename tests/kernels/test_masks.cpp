@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "mask_setups.h"
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -26,15 +26,15 @@ class MaskFamilies : public ::testing::TestWithParam<MaskSetup> {};
 TEST_P(MaskFamilies, MatchReference) {
     for (const Dims &d : kDims) {
         const bool self = d.query_len == d.key_len;
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), self);
         mha::testing::apply_masks(GetParam(), p, mha::testing::next_seed());
-        const auto module = mha::reference::make_module(p);
+        const auto module = mha::problems::make_module(p);
         const auto want = mha::reference::forward(p);
         for (bool with_weights : {false, true}) {
             SCOPED_TRACE(::testing::Message()
                          << "B " << d.batch << " Sq " << d.query_len << " Sk " << d.key_len << " E "
                          << d.embed_dim << " H " << d.num_heads << " weights " << with_weights);
-            const auto got = mha::reference::run_module(module, p, with_weights);
+            const auto got = mha::problems::run_module(module, p, with_weights);
             EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
                       mha::reference::output_tolerance(p));
             if (with_weights) {
@@ -68,17 +68,17 @@ TEST_P(CausalAttention, MatchesReference) {
         for (const char *name : {"none", "seed_keep", "key_padding_bool", "attn_float"}) {
             const MaskSetup &m = mha::testing::mask_setup(name);
             const bool self = d.query_len == d.key_len;
-            Problem p = mha::reference::random_problem(d, mha::testing::next_seed(), self);
+            Problem p = mha::problems::random_problem(d, mha::testing::next_seed(), self);
             mha::testing::apply_masks(m, p, mha::testing::next_seed());
             p.causal = GetParam().causal;
-            const auto module = mha::reference::make_module(p);
+            const auto module = mha::problems::make_module(p);
             const auto want = mha::reference::forward(p);
             for (bool with_weights : {false, true}) {
                 SCOPED_TRACE(::testing::Message()
                              << "B " << d.batch << " Sq " << d.query_len << " Sk " << d.key_len
                              << " E " << d.embed_dim << " H " << d.num_heads << " mask " << m.name
                              << " weights " << with_weights);
-                const auto got = mha::reference::run_module(module, p, with_weights);
+                const auto got = mha::problems::run_module(module, p, with_weights);
                 EXPECT_LT(mha::reference::relative_l2(got.output, want.output),
                           mha::reference::output_tolerance(p));
                 if (with_weights) {
@@ -99,9 +99,9 @@ TEST(CausalSemantics, EqualsTheTriangularMask) {
     for (const auto &[causal, shift] :
          {std::pair{mha::Causal::top_left, 0}, {mha::Causal::bottom_right, 9}}) {
         const Dims d{2, 13, 22, 16, 2};
-        Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+        Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
         p.causal = causal;
-        const auto implicit = mha::reference::run_module(mha::reference::make_module(p), p, true);
+        const auto implicit = mha::problems::run_module(mha::problems::make_module(p), p, true);
         p.causal = mha::Causal::none;
         p.attn_mask = mha::reference::TorchMask{true, {d.query_len, d.key_len}, {}, {}};
         for (int64_t i = 0; i < d.query_len; i++) {
@@ -110,7 +110,7 @@ TEST(CausalSemantics, EqualsTheTriangularMask) {
             }
         }
         const auto explicit_mask =
-            mha::reference::run_module(mha::reference::make_module(p), p, true);
+            mha::problems::run_module(mha::problems::make_module(p), p, true);
         EXPECT_LT(mha::reference::relative_l2(implicit.output,
                                               mha::reference::to_double(explicit_mask.output)),
                   1e-6);
@@ -123,7 +123,7 @@ TEST(CausalSemantics, EqualsTheTriangularMask) {
 struct MaskSemantics : ::testing::Test {
     // B == Sq, where a [B, Sk] key padding would broadcast as an [Sq, Sk] mask.
     const Dims d{3, 3, 5, 12, 2};
-    Problem p = mha::reference::random_problem(d, mha::testing::next_seed());
+    Problem p = mha::problems::random_problem(d, mha::testing::next_seed());
     std::vector<float> output = std::vector<float>(d.batch * d.query_len * d.embed_dim);
     mha::MutableTensor output_view{output.data(), {d.batch, d.query_len, d.embed_dim}};
     std::vector<float> weights =
@@ -131,9 +131,9 @@ struct MaskSemantics : ::testing::Test {
     mha::MutableTensor weights_view{weights.data(), {d.batch, d.num_heads, d.query_len, d.key_len}};
 
     void forward(const mha::ForwardOptions &options) {
-        mha::reference::make_module(p).forward(mha::reference::query_view(p),
-                                               mha::reference::key_view(p),
-                                               mha::reference::value_view(p), output_view, options);
+        mha::problems::make_module(p).forward(mha::problems::query_view(p),
+                                              mha::problems::key_view(p),
+                                              mha::problems::value_view(p), output_view, options);
     }
     std::string error_of(const mha::ForwardOptions &options) {
         try {
@@ -156,7 +156,7 @@ TEST_F(MaskSemantics, KeyPaddingIsNeverAnSqSkMask) {
         << error_of(as_seed_mask);
 
     p.key_padding_mask = mha::reference::TorchMask{true, {d.batch, d.key_len}, padding, {}};
-    forward(mha::reference::options_view(p));
+    forward(mha::problems::options_view(p));
     EXPECT_LT(mha::reference::relative_l2(output, mha::reference::forward(p).output),
               mha::reference::output_tolerance(p));
     // The same as the seed's [B, 1, 1, Sk] padding mask, bit for bit.
@@ -165,7 +165,7 @@ TEST_F(MaskSemantics, KeyPaddingIsNeverAnSqSkMask) {
     p.mask_convention = MaskConvention::block;
     p.mask_shape = {d.batch, 1, 1, d.key_len};
     p.mask = padding;
-    forward(mha::reference::options_view(p));
+    forward(mha::problems::options_view(p));
     EXPECT_EQ(output, with_key_padding);
 }
 
@@ -216,9 +216,9 @@ TEST_F(MaskSemantics, MinusInfinityFloatMask) {
 // The TF article's logits += mask·(-1e9), passed precomputed as an additive mask, matches its
 // byte mask in the block convention.
 TEST_F(MaskSemantics, TfAdditiveMaskMatchesTheBlockConvention) {
-    mha::reference::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, true,
-                                             mha::testing::next_seed());
-    forward(mha::reference::options_view(p));
+    mha::problems::add_random_additive_mask(p, {d.batch, 1, 1, d.key_len}, true,
+                                            mha::testing::next_seed());
+    forward(mha::problems::options_view(p));
     const std::vector<float> additive = output;
     std::vector<uint8_t> blocked(p.additive.size());
     for (size_t n = 0; n < blocked.size(); n++) {

@@ -11,7 +11,7 @@
 #include "HalideRuntime.h"
 #include "mha_masked_softmax_none.h"
 #include "mha_split_heads.h"
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 namespace {
@@ -39,8 +39,8 @@ using Halide::Runtime::Buffer;
 
 // Runs the library's forward pass (which installs its hooks on first use).
 void run_library(uint64_t seed) {
-    const auto p = mha::reference::random_problem({2, 37, 37, 64, 2}, seed, true);
-    const auto got = mha::reference::run_module(mha::reference::make_module(p), p, false);
+    const auto p = mha::problems::random_problem({2, 37, 37, 64, 2}, seed, true);
+    const auto got = mha::problems::run_module(mha::problems::make_module(p), p, false);
     EXPECT_LT(mha::reference::relative_l2(got.output, mha::reference::forward(p).output), 1e-5);
 }
 
@@ -72,10 +72,10 @@ TEST(HalideHooks, LibraryCallsStayWithTheLibrary) {
     run_library(mha::testing::next_seed());
     EXPECT_EQ(application_mallocs.load(), mallocs);
     // A library error comes back as mha::Error, not through the application's handler.
-    const auto p = mha::reference::random_problem({1, 3, 3, 8, 2}, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(p);
+    const auto p = mha::problems::random_problem({1, 3, 3, 8, 2}, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(p);
     std::vector<float> out(24);
-    EXPECT_THROW(module.forward(mha::reference::query_view(p), mha::reference::key_view(p),
+    EXPECT_THROW(module.forward(mha::problems::query_view(p), mha::problems::key_view(p),
                                 {p.value.data(), {1, 2, 8}}, {out.data(), {1, 3, 8}}),
                  mha::Error);
     EXPECT_EQ(application_errors.load(), errors);

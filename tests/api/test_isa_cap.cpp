@@ -9,7 +9,7 @@
 #include <string>
 
 #include "mha_contract.h"
-#include "reference.h"
+#include "problems.h"
 #include "test_seed.h"
 
 // Whether this CPU runs `isa`, asked without Halide.
@@ -31,13 +31,12 @@ TEST(IsaCap, DispatchRunsTheCappedInstructionSet) {
                                          mha::reference::Dims{3, 100, 100, 24, 2},    // medium
                                          mha::reference::Dims{1, 1100, 7, 16, 2}}) {  // large
         const auto p =
-            mha::reference::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
-        const auto module = mha::reference::make_module(p);
-        const std::vector<float> out = mha::reference::run_module(module, p, false).output;
+            mha::problems::random_problem(d, mha::testing::next_seed(), d.query_len == d.key_len);
+        const auto module = mha::problems::make_module(p);
+        const std::vector<float> out = mha::problems::run_module(module, p, false).output;
         EXPECT_EQ(mha::dispatched_isa(), cap);
-        const std::string kernel =
-            module.kernel_name(mha::reference::query_view(p), mha::reference::key_view(p),
-                               mha::reference::value_view(p));
+        const std::string kernel = module.kernel_name(
+            mha::problems::query_view(p), mha::problems::key_view(p), mha::problems::value_view(p));
         EXPECT_NE(kernel.find("_cpu_" + std::string(cap) + "_"), std::string::npos) << kernel;
         EXPECT_LT(mha::reference::relative_l2(out, mha::reference::forward(p).output), 1e-5);
     }
@@ -54,9 +53,9 @@ TEST(IsaCap, UnknownNameIsAnError) {
     }
     const std::string expected =
         "MHA_CPU_ISA is '" + std::string(cap) + "', which is not one of amx, avx512, avx2, sse41";
-    const auto p = mha::reference::random_problem({1, 2, 2, 8, 2}, 1);
+    const auto p = mha::problems::random_problem({1, 2, 2, 8, 2}, 1);
     try {
-        mha::reference::make_module(p);
+        mha::problems::make_module(p);
         ADD_FAILURE() << "no error";
     } catch (const mha::Error &e) {
         EXPECT_EQ(e.what(), expected);

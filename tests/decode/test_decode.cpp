@@ -7,7 +7,7 @@
 #include <random>
 
 #include "allocation_counter.h"
-#include "reference.h"
+#include "problems.h"
 #include "scratch_pool.h"
 #include "test_seed.h"
 
@@ -35,9 +35,9 @@ public:
     Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0)
         : E_(embed_dim),
           H_(heads),
-          weights_(mha::reference::random_problem(
-              {1, 1, 1, embed_dim, heads}, mha::testing::next_seed(), false, 0, 0, kv_heads)),
-          module_(mha::reference::make_module(weights_)),
+          weights_(mha::problems::random_problem({1, 1, 1, embed_dim, heads},
+                                                 mha::testing::next_seed(), false, 0, 0, kv_heads)),
+          module_(mha::problems::make_module(weights_)),
           cache_(module_.make_cache(batch, capacity)),
           sequences_(batch) {}
 
@@ -172,8 +172,8 @@ INSTANTIATE_TEST_SUITE_P(Awkward, DecodeSteps, ::testing::ValuesIn(kDecodeCases)
 TEST(DecodeChunks, SplittingIntoStepsChangesNothing) {
     constexpr int64_t T = 7, E = 12;
     const Problem weights =
-        mha::reference::random_problem({1, 1, 1, E, 3}, mha::testing::next_seed());
-    const auto module = mha::reference::make_module(weights);
+        mha::problems::random_problem({1, 1, 1, E, 3}, mha::testing::next_seed());
+    const auto module = mha::problems::make_module(weights);
     const std::vector<float> tokens = random_tokens(T, E, mha::testing::next_seed());
     std::vector<uint8_t> keep(T, 1);
     keep[0] = keep[1] = keep[4] = 0;  // tokens 0 and 1 see only hidden keys
@@ -233,16 +233,16 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
                  "new_tokens has 1 counts for a batch of 2");
     expect_error({tokens.data(), {2, 1, 12}}, {output.data(), {2, 1, 12}}, {1, 2},
                  "new_tokens[1] is 2: must be 0 to 1");
-    const auto other = mha::reference::make_module(
-        mha::reference::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed()));
+    const auto other = mha::problems::make_module(
+        mha::problems::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed()));
     try {
         other.decode({tokens.data(), {2, 1, 12}}, decoder.cache(), {output.data(), {2, 1, 12}});
         ADD_FAILURE() << "no error";
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "the cache was made by another module");
     }
-    const auto cross = mha::reference::make_module(
-        mha::reference::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed(), false, 7, 12));
+    const auto cross = mha::problems::make_module(
+        mha::problems::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed(), false, 7, 12));
     try {
         cross.make_cache(1, 4);
         ADD_FAILURE() << "no error";

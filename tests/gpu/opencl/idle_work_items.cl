@@ -1,4 +1,4 @@
-// The GPU schedule's PoCL anomaly, reduced (bench/RESULTS.md, "The GPU check"): the shape of
+// The GPU schedule's PoCL anomaly, reduced (docs/gpu-check.md): the shape of
 // Halide's attention kernel with a key tile wider than the threads that stage V, cut down to what
 // still goes wrong. Race-free, every barrier reached by the whole work-group: each work-item in
 // the first 16 columns must return keys * value. PoCL 3.1 (LLVM 15) loses the staging's stores

@@ -1,5 +1,5 @@
 // The reduced case of the PoCL miscompile that keeps the GPU schedule's key tiles as wide as its
-// threads (opencl/idle_work_items.cl; bench/RESULTS.md, "The GPU check"), run on the first
+// threads (opencl/idle_work_items.cl; docs/gpu-check.md), run on the first
 // OpenCL device through the OpenCL API, so that the explanation stays checked: the kernel is
 // right unoptimized and in a work-group without idle work-items, and PoCL 3.1 still gets it
 // wrong with them. Any other OpenCL implementation must get it right. Each launch stages a value

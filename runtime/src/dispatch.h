@@ -1,0 +1,31 @@
+// Which kernels a checked forward call runs, and running them: every variant axis of the
+// contract is chosen in select_kernel(), on one screen.
+#pragma once
+
+#include <optional>
+
+#include "forward_params.h"
+#include "kernel_table.h"
+#include "packed_weights.h"
+
+namespace mha::detail {
+
+// The device component a module runs on: the CPU's (its instruction set settled first), or a
+// linked GPU library's; throws mha::Error saying what is missing.
+const KernelComponent &component_for(Device device);
+
+struct ForwardKernels {
+    const CompiledKernel *forward;
+    const CompiledKernel *average_heads;  // when averaged weights are asked; else null
+};
+
+ForwardKernels select_kernel(const ForwardParams &p);
+
+// Runs `kernels` on the call's tensors (views of their memory, of the element type the kernels
+// read: what `query`, `key` and `value` point to is read as such) and the module's `packed`
+// weights; `weights` is options.weights. On a GPU, host tensors are copied in and out.
+void run_forward(const ForwardParams &p, const ForwardKernels &kernels, const PackedWeights &packed,
+                 const Tensor &query, const Tensor &key, const Tensor &value,
+                 const MutableTensor &output, const std::optional<MutableTensor> &weights);
+
+}  // namespace mha::detail

@@ -167,14 +167,20 @@ int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
                mha::dispatched_isa());
-    fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} arguments\n", "name",
-               "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts");
+    // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi.
+    fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} arguments\n", "name",
+               "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts", "scores");
     for (const mha::KernelInfo &k : kernels) {
-        fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {}\n", k.name,
+        const bool forward = k.op == "forward";
+        fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {}\n", k.name,
                    mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
                    mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","), k.mask,
-                   k.causal ? "yes" : "no", k.fused_qkv ? "fused" : "separate",
-                   k.returns_weights ? "yes" : "no", fmt::join(k.arguments, ", "));
+                   k.causal ? "yes" : "no",
+                   !forward      ? "-"
+                   : k.fused_qkv ? "fused"
+                                 : "separate",
+                   k.returns_weights ? "yes" : "no", k.modified_scores ? "capped" : "-",
+                   fmt::join(k.arguments, ", "));
     }
     return 0;
 }

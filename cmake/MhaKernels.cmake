@@ -15,19 +15,13 @@ set(MHA_KERNELS_DIR ${PROJECT_BINARY_DIR}/kernels)
 # editing a comment or reformatting leaves the tuned files current; any other change stales them.
 set(MHA_SCHEDULE_SOURCES
     ${PROJECT_SOURCE_DIR}/generators/mha_stages.h
+    ${PROJECT_SOURCE_DIR}/generators/mha_attention.h
     ${PROJECT_SOURCE_DIR}/generators/mha_forward.h
     ${PROJECT_SOURCE_DIR}/generators/mha_generators.cpp
     ${PROJECT_SOURCE_DIR}/schedules/cpu_schedule.h
     ${PROJECT_SOURCE_DIR}/schedules/cpu_params.h)
-set(schedule_code "")
-foreach (source IN LISTS MHA_SCHEDULE_SOURCES)
-    file(READ ${source} code)
-    string(REGEX REPLACE "//[^\n]*" "" code "${code}")
-    string(REGEX REPLACE "[ \t\r\n]+" "" code "${code}")
-    string(APPEND schedule_code "${code}")
-endforeach ()
-string(SHA256 MHA_SCHEDULE_HASH "${schedule_code}")
-string(SUBSTRING ${MHA_SCHEDULE_HASH} 0 16 MHA_SCHEDULE_HASH)
+include(${CMAKE_CURRENT_LIST_DIR}/MhaScheduleHash.cmake)
+mha_schedule_hash(MHA_SCHEDULE_HASH ${MHA_SCHEDULE_SOURCES})
 
 file(GLOB tuned_files CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/schedules/tuned/*.json)
 set(MHA_EMITTER_SOURCES ${PROJECT_SOURCE_DIR}/contract/emit_kernels.cpp
@@ -35,6 +29,8 @@ set(MHA_EMITTER_SOURCES ${PROJECT_SOURCE_DIR}/contract/emit_kernels.cpp
 set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
              ${MHA_EMITTER_SOURCES} ${MHA_SCHEDULE_SOURCES} ${tuned_files}
              ${PROJECT_SOURCE_DIR}/contract/mha_contract.h
+             ${PROJECT_SOURCE_DIR}/contract/mha_variants.h
+             ${PROJECT_SOURCE_DIR}/contract/mha_arguments.h
              ${PROJECT_SOURCE_DIR}/schedules/tuned_file.h
              ${PROJECT_SOURCE_DIR}/cli/command_line.h)
 

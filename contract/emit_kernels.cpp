@@ -69,6 +69,9 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
     if (v.op == KernelOp::decode) {
         return name;
     }
+    if (v.op == KernelOp::attention) {
+        return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "");
+    }
     return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
            (v.returns_weights ? "_weights" : "") +
            (v.dtype == mha::DType::f32 ? "" : "_" + std::string(dtype_name(v.dtype)));
@@ -80,8 +83,12 @@ std::string generator_name(KernelOp op) { return "mha_" + std::string(op_name(op
 // Generator params: the variant's axes that its op has, and the CPU schedule.
 std::string generator_params(const KernelVariant &v, const std::string &schedule) {
     std::string params;
-    if (v.op == KernelOp::forward || v.op == KernelOp::decode) {
+    if (v.op == KernelOp::forward || v.op == KernelOp::decode || v.op == KernelOp::attention) {
         params += " mask_kind=" + std::string(mask_kind_name(v.mask));
+    }
+    if (v.op == KernelOp::attention) {
+        params +=
+            " window=" + bool_name(v.causal) + " modified_scores=" + bool_name(v.modified_scores);
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +
@@ -223,13 +230,15 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             }
         }
         // The decode steps' and the averaging kernels serve every size, with the parameters of the
-        // smallest bucket (a step's new tokens are few).
+        // smallest bucket (a step's new tokens are few); the attention kernels with those of the
+        // largest (the long sequences where attention, not projections, takes the time).
         for (const KernelVariant &v : kKernelVariants) {
             if (v.op != KernelOp::forward && v.compiled_for(isa)) {
+                const auto &params =
+                    v.op == KernelOp::attention ? groups.back().second : groups.front().second;
                 rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),
                                 mha::Device::cpu, int(i), kAllBuckets, v,
-                                with_kernel_features(isa.halide_target),
-                                groups.front().second.to_string()});
+                                with_kernel_features(isa.halide_target), params.to_string()});
             }
         }
         for (size_t r = first_row; r < rows.size(); r++) {
@@ -278,7 +287,8 @@ std::string variant_initializer(const KernelVariant &v) {
     return "{contract::KernelOp::" + std::string(op_name(v.op)) +
            ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
-           bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + "}";
+           bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + ", " +
+           bool_name(v.modified_scores) + "}";
 }
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the

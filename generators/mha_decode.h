@@ -65,7 +65,8 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
         const Expr hidden = (in.cache_mask(v.j, v.b) != 0) == (in.mask_blocks_nonzero != 0);
         Func blocked("blocked");
         blocked(v.j, v.i, v.h, v.b) = cast<uint8_t>(visible && hidden);
-        masks = {blocked, Expr(1), Func(), Expr()};
+        masks.blocking = blocked;
+        masks.blocks_nonzero = 1;
     }
     f.softmax = masked_softmax(v, {scores, scores, scores}, masks, in.num_keys);
     f.context = attend_values(v, f.softmax.weights, f.v_heads, in.num_keys);

@@ -14,6 +14,7 @@
 // Values computed past the ends are never used by a real output element.
 #pragma once
 
+#include "mha_attention.h"
 #include "mha_contract.h"
 #include "mha_stages.h"
 
@@ -66,11 +67,7 @@ struct ForwardStages {
     std::vector<Projection> input_projections;  // {q, k, v}, or {qkv} when fused
     Halide::Func q_proj, k_proj, v_proj;        // (e, s, b) views of the projections' rows
     Halide::Func q_heads, k_heads, v_heads;
-    ScaledScores scores;                    // read by the softmax weights
-    std::vector<ScaledScores> stat_scores;  // {for the row max, for the row sum}, or none
-    MaskedSoftmax softmax;
-    Halide::Func weights_for_values;  // what attend_values reads: the weights, or a clamped view
-    AttendValues context;
+    CoreStages core;  // scores, softmax, weights·V (mha_attention.h)
     Halide::Func merged;
     Projection out_proj;
     Halide::Func output;  // (e, s, b) view of out_proj's rows
@@ -120,43 +117,29 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     // head.
     f.k_heads = split_heads(v, f.k_proj, f.head_dim, "k_heads");
     f.v_heads = split_heads(v, f.v_proj, f.head_dim, "v_heads");
-    const Halide::Expr group = in.embed_dim / in.head_dim / in.kv_heads;
-    f.scores = in.tile_products ? tiled_scaled_scores(v, f.q_heads, f.k_heads, f.head_dim,
-                                                      in.num_keys, in.kv_heads, group)
-                                : scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "", group);
-    ScoreSources sources{f.scores.result, f.scores.result, f.scores.result};
-    if (in.recompute_scores) {
-        f.stat_scores = {scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_max", group),
-                         scaled_scores(v, f.q_heads, f.k_heads, f.head_dim, "_for_sum", group)};
-        sources.for_max = f.stat_scores[0].result;
-        sources.for_sum = f.stat_scores[1].result;
-    }
-    Halide::Expr visible_keys;
-    CausalBlocks causal{Func(), in.causal_key_block, in.causal_query_block};
+    CoreInputs core;
+    core.q_heads = f.q_heads;
+    core.k_heads = f.k_heads;
+    core.v_heads = f.v_heads;
+    core.head_dim = f.head_dim;
+    core.query_len = in.query_len;
+    core.num_keys = in.num_keys;
+    core.kv_heads = in.kv_heads;
+    core.kv_group = in.embed_dim / in.head_dim / in.kv_heads;
+    core.masks.blocking = in.mask;
+    core.masks.blocks_nonzero = in.mask_blocks_nonzero;
+    core.masks.additive = in.additive_mask;
+    core.masks.key_block = in.causal_key_block;
     if (in.causal_offset.defined()) {
-        causal.visible_keys = Func("visible_keys");
-        causal.visible_keys(v.i) = Halide::clamp(v.i + in.causal_offset + 1, 0, in.num_keys);
-        visible_keys = causal.visible_keys(v.i);
+        core.visible_keys = Func("visible_keys");
+        core.visible_keys(v.i) = Halide::clamp(v.i + in.causal_offset + 1, 0, in.num_keys);
     }
-    f.softmax = masked_softmax(
-        v, sources,
-        {in.mask, in.mask_blocks_nonzero, in.additive_mask, visible_keys, in.causal_key_block},
-        in.num_keys, in.tile_products);
-    Func weights = f.softmax.weights;
-    if (in.weights_are_output) {
-        // The output read back: only inside its bounds, and 0 past the last key for the causal
-        // reduction's whole blocks.
-        weights = Func("weights_clamped");
-        Halide::Expr read = f.softmax.weights(Halide::clamp(v.j, 0, in.num_keys - 1),
-                                              Halide::clamp(v.i, 0, in.query_len - 1), v.h, v.b);
-        weights(v.j, v.i, v.h, v.b) =
-            visible_keys.defined() ? Halide::select(v.j < visible_keys, read, 0.0f) : read;
-    }
-    f.weights_for_values = weights;
-    f.context = in.tile_products ? tiled_attend_values(v, weights, f.v_heads, f.head_dim,
-                                                       in.num_keys, in.kv_heads, group)
-                                 : attend_values(v, weights, f.v_heads, in.num_keys, causal, group);
-    f.merged = merge_heads(v, f.context.result, f.head_dim);
+    core.query_block = in.causal_query_block;
+    core.weights_are_output = in.weights_are_output;
+    core.recompute_scores = in.recompute_scores;
+    core.tile_products = in.tile_products;
+    f.core = define_attention_core(v, core);
+    f.merged = merge_heads(v, f.core.context.result, f.head_dim);
     f.out_proj = project(token_rows(v, f.merged, Sq, B, "merged_rows"), in.out_weight_t,
                          in.out_bias, in.embed_dim, in.padded, "out_proj", false);
     f.output = token_view(v, f.out_proj.result, Sq, 0, "output_view");

@@ -1,14 +1,15 @@
 // The production generators: the forward pass, a decode step's two halves (QKV projection,
-// attention over the KV cache), all with their Inputs and Outputs declared from the contract
-// (contract/mha_contract.h), and the probe that tells the runtime which CPU instruction set
-// Halide's own target check accepts. Algorithms come from mha_stages.h, mha_forward.h and
-// mha_decode.h; schedules from schedules/.
+// attention over the KV cache), the attention core on projected heads, all with their Inputs and
+// Outputs declared from the contract (contract/mha_contract.h), and the probe that tells the
+// runtime which CPU instruction set Halide's own target check accepts. Algorithms come from
+// mha_stages.h, mha_attention.h, mha_forward.h and mha_decode.h; schedules from schedules/.
 #include <map>
 
 #include "Halide.h"
 #include "contract_halide.h"
 #include "cpu_schedule.h"
 #include "gpu_schedule.h"
+#include "mha_attention.h"
 #include "mha_decode.h"
 #include "mha_forward.h"
 
@@ -211,7 +212,7 @@ public:
         const mha::StageVars &v = stages_.v;
         args_.output(ArgId::output)(v.e, v.s, v.b) = stages_.output(v.e, v.s, v.b);
         if (return_weights) {
-            args_.output(ArgId::weights) = stages_.softmax.weights;
+            args_.output(ArgId::weights) = stages_.core.softmax.weights;
         }
         set_shape_estimates();
     }
@@ -411,6 +412,114 @@ private:
     Func averaged_, sum_;
 };
 
+// The attention core on the caller's projected queries, keys and values, as
+// F.scaled_dot_product_attention computes it (generators/mha_attention.h): any strides but dense
+// features, grouped-query heads from the extents, blocked keys left out of the softmax.
+class Attention : public Generator<Attention> {
+public:
+    GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
+                                                      mask_kinds_by_name()};
+    // Query i sees keys i + window_start <= j <= i + window_end only.
+    GeneratorParam<bool> window{"window", false};
+    // Soft-capping and ALiBi (their run-time values may leave the scores as they are).
+    GeneratorParam<bool> modified_scores{"modified_scores", false};
+    GeneratorParam<std::string> schedule_params{"schedule", ""};
+
+    mha::contract::KernelVariant variant() const {
+        return {mha::contract::KernelOp::attention,
+                mask_kind,
+                false,
+                false,
+                window,
+                mha::DType::f32,
+                modified_scores};
+    }
+    void configure() { args_.declare(*this, variant(), get_target()); }
+
+    void generate() {
+        const mha::StageVars &v = v_;
+        GeneratorInput<Buffer<>> &q = args_.input(ArgId::q), &k = args_.input(ArgId::k);
+        GeneratorInput<Buffer<>> &values = args_.input(ArgId::v);
+        query_len_ = q.dim(1).extent();
+        num_keys_ = k.dim(1).extent();
+        const Expr d = q.dim(0).extent(), dv = values.dim(0).extent();
+        const Expr Sq = query_len_, Sk = num_keys_;
+        // Whole tiles read past the last query, key and value feature: the edges repeat.
+        Func q_heads("q_heads");
+        q_heads(v.c, v.s, v.h, v.b) = q(v.c, clamp(v.s, 0, Sq - 1), v.h, v.b);
+        k_heads_(v.c, v.s, v.h, v.b) = k(v.c, clamp(v.s, 0, Sk - 1), v.h, v.b);
+        v_heads_(v.c, v.s, v.h, v.b) =
+            values(clamp(v.c, 0, dv - 1), clamp(v.s, 0, Sk - 1), v.h, v.b);
+        mha::CoreInputs in;
+        in.q_heads = q_heads;
+        in.k_heads = k_heads_;
+        in.v_heads = v_heads_;
+        in.head_dim = d;
+        in.query_len = Sq;
+        in.num_keys = Sk;
+        in.kv_heads = k.dim(2).extent();
+        in.kv_group = q.dim(2).extent() / k.dim(2).extent();
+        in.scale = args_.scalar(ArgId::scale);
+        in.masks.blocked = mha::BlockedKeys::left_out;
+        if (mask_kind != mha::contract::MaskKind::none) {
+            const bool bytes = mask_kind == mha::contract::MaskKind::bytes;
+            GeneratorInput<Buffer<>> &mask =
+                args_.input(bytes ? ArgId::mask : ArgId::additive_mask);
+            mask.dim(0).set_stride(Expr());  // broadcasts along any dimension, keys included
+            mask_keys_dense_ = mask.dim(0).stride() == 1;
+            Func extended = BoundaryConditions::repeat_edge(mask, {{0, Sk}, {0, Sq}});
+            if (bytes) {
+                in.masks.blocking = extended;
+                in.masks.blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
+            } else {
+                in.masks.additive = extended;
+            }
+        }
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
+        if (window) {
+            in.first_visible = Func("first_visible");
+            in.first_visible(v.i) = clamp(v.i + args_.scalar(ArgId::window_start), 0, Sk);
+            in.visible_keys = Func("visible_keys");
+            in.visible_keys(v.i) = clamp(v.i + args_.scalar(ArgId::window_end) + 1, 0, Sk);
+            in.masks.key_block = get_target().natural_vector_size<float>();
+            in.query_block = params.pv_rows;
+        }
+        if (modified_scores) {
+            in.masks.softcap = args_.scalar(ArgId::softcap);
+            in.masks.alibi_slopes = args_.input(ArgId::alibi_slopes);
+            in.masks.alibi_diagonal = Sk - Sq;
+        }
+        core_ = mha::define_attention_core(v, in);
+        // The context and the rows' log-sum-exp come out of one loop nest: the row statistics
+        // live in its tiles.
+        context_and_lse_(v.c, v.i, v.h, v.b) =
+            Tuple(core_.context.result(v.c, v.i, v.h, v.b), core_.softmax.lse(v.i, v.h, v.b));
+        args_.output(ArgId::context)(v.c, v.i, v.h, v.b) = context_and_lse_(v.c, v.i, v.h, v.b)[0];
+        args_.output(ArgId::lse)(v.i, v.h, v.b) = context_and_lse_(0, v.i, v.h, v.b)[1];
+    }
+
+    void schedule() {
+        const mha::StageVars &v = v_;
+        const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
+        mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
+                                     num_keys_, mask_keys_dense_, false, params, query_len_ == 1);
+        Var hb("hb");
+        Func context = args_.output(ArgId::context), lse = args_.output(ArgId::lse);
+        context.compute_root()
+            .fuse(v.h, v.b, hb)
+            .vectorize(v.c, params.vector_lanes, TailStrategy::GuardWithIf);
+        mha::cpu::fork_over_cores(context, hb, params);
+        lse.compute_root().vectorize(v.i, params.vector_lanes, TailStrategy::GuardWithIf);
+    }
+
+private:
+    ContractArguments args_;
+    mha::StageVars v_;
+    Func k_heads_{"k_heads"}, v_heads_{"v_heads"}, context_and_lse_{"context_and_lse"};
+    Expr query_len_, num_keys_, mask_keys_dense_;
+    mha::CoreStages core_;
+};
+
 // Built for every CPU instruction set of the contract at once (Halide's multi-target dispatch
 // runs the best one the CPU supports), it returns the index of the instruction set that ran.
 class CpuIsaProbe : public Generator<CpuIsaProbe> {
@@ -435,4 +544,5 @@ HALIDE_REGISTER_GENERATOR(MultiHeadAttentionForward, mha_forward)
 HALIDE_REGISTER_GENERATOR(QkvProjection, mha_qkv_projection)
 HALIDE_REGISTER_GENERATOR(DecodeAttention, mha_decode)
 HALIDE_REGISTER_GENERATOR(AverageHeads, mha_average_heads)
+HALIDE_REGISTER_GENERATOR(Attention, mha_attention)
 HALIDE_REGISTER_GENERATOR(CpuIsaProbe, mha_cpu_isa_probe)

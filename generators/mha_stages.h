@@ -241,10 +241,11 @@ inline Halide::Expr kv_head_of(const StageVars &v, const Halide::Expr &group) {
     return group.defined() ? v.h / group : Halide::Expr(v.h);
 }
 
-// scores(j, i, h, b) = (q_i · k_j) / sqrt(d), over the d features of head h (and its key head).
+// scores(j, i, h, b) = (q_i · k_j) · scale, over the d features of head h (and its key head);
+// scale 1 / sqrt(d) unless given.
 struct ScaledScores {
     Halide::Func dot;     // unscaled q·kᵀ, the reduction
-    Halide::Func result;  // dot / sqrt(d)
+    Halide::Func result;  // dot · scale
     Halide::RDom c;
     // The tiled form only (tiled_scaled_scores): the queries as strips, the keys as tiles, the
     // product's tiles (dot is their view).
@@ -253,7 +254,8 @@ struct ScaledScores {
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
                                   const std::string &suffix = "",
-                                  const Halide::Expr &kv_group = Halide::Expr()) {
+                                  const Halide::Expr &kv_group = Halide::Expr(),
+                                  const Halide::Expr &scale = Halide::Expr()) {
     ScaledScores s;
     s.dot = Halide::Func("qk_dot" + suffix);
     s.result = Halide::Func("scaled_scores" + suffix);
@@ -261,8 +263,9 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
     s.dot(v.j, v.i, v.h, v.b) = 0.0f;
     s.dot(v.j, v.i, v.h, v.b) +=
         q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, kv_head_of(v, kv_group), v.b);
-    Halide::Expr scale = 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
-    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * scale;
+    const Halide::Expr factor =
+        scale.defined() ? scale : 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
+    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * factor;
     return s;
 }
 
@@ -313,6 +316,7 @@ struct MaskedSoftmax {
     Halide::Func weights;  // exps * inv_sum
     Halide::RDom max_j, sum_j;
     bool causal = false;  // the reductions stop at each query's visible keys (see ScoreMasks)
+    Halide::Func lse;     // log of the sum of exp(masked) over keys: row_max + log(row_sum)
 };
 
 // The scores each part of the softmax reads: the same function, or equal copies that a schedule
@@ -321,25 +325,44 @@ struct ScoreSources {
     Halide::Func for_max, for_sum, for_weights;
 };
 
+// A row whose every key is blocked: the seed's (a blocked score is exactly -1e9, so such a row
+// has uniform weights), or F.scaled_dot_product_attention's (a blocked key is left out of the
+// softmax, as a score of -inf; such a row has weights 0, its log-sum-exp -inf).
+enum class BlockedKeys { score_minus_1e9, left_out };
+
 // What masks the scores: `blocking` (undefined: none) blocks a position where its byte is
 // nonzero when `blocks_nonzero` (the TF article's 1 = blocked), where it is zero otherwise (the
 // PyTorch article), so one pipeline serves both conventions; `additive` (undefined: none) is
 // added to the scores (the TF article's mask·(-1e9) precomputed, PyTorch's float masks).
 // Broadcasting is done by the caller's zero strides.
-// `visible_keys` (undefined: all), an expression of the query position v.i, limits query i to
-// keys j < visible_keys: the causal order. The softmax's and weights·V's reductions stop there
-// (their reads clamped to the last visible key, so that bounds inference never asks for the
-// scores of hidden keys), and hidden keys weigh exactly 0; a query that sees no key gets weights 0
-// and a zero context. The row reductions then run over blocks of `key_block` keys, the blocks past
-// the last visible key skipped whole: a schedule vectorizes across a block (rfactor) while the loop
-// over blocks still stops where the row does.
+// `first_visible` and `visible_keys` (undefined: from the first key; to the last), expressions
+// of the query position v.i, limit query i to keys first_visible <= j < visible_keys: the causal
+// order, a sliding window. The softmax's and weights·V's reductions run there only (their reads
+// clamped to the visible keys, so that bounds inference never asks for the scores of hidden
+// keys), and hidden keys weigh exactly 0; a query that sees no key gets weights 0 and a zero
+// context. The row reductions then run over blocks of `key_block` keys, the blocks outside the
+// visible ones skipped whole: a schedule vectorizes across a block (rfactor) while the loop over
+// blocks still starts and stops where the row does.
+// Before the masks the scores may be modified: soft-capped to softcap · tanh(s / softcap) (Gemma
+// 2; `softcap` undefined: never, 0 at run time: not), then ALiBi's -slope(h) · |i + diagonal - j|
+// added (`alibi_slopes` (h) undefined: none).
 struct ScoreMasks {
     Halide::Func blocking;
     Halide::Expr blocks_nonzero;
     Halide::Func additive;
-    Halide::Expr visible_keys;
+    Halide::Expr first_visible, visible_keys;
     int key_block = 1;
+    Halide::Expr softcap;
+    Halide::Func alibi_slopes;
+    Halide::Expr alibi_diagonal;
+    BlockedKeys blocked = BlockedKeys::score_minus_1e9;
 };
+
+// tanh(x) from exp, whose Halide lowering is an inline vector polynomial: exact at 0 and
+// saturating to ±1, about 1e-7 absolute in between.
+inline Halide::Expr vector_tanh(const Halide::Expr &x) {
+    return 1.0f - 2.0f / (Halide::exp(2.0f * x) + 1.0f);
+}
 
 // exp(x) for x <= 0 to about 4e-5 relative, for weights rounded to bf16 (2^-9) anyway: 2^n, n the
 // nearest integer to x·log2(e) (truncating x·log2(e) - 1/2 toward zero: it is negative), times a
@@ -365,15 +388,24 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
                                     const ScoreMasks &masks, const Halide::Expr &num_keys,
                                     bool approximate_exp = false) {
     using namespace Halide;
+    const bool left_out = masks.blocked == BlockedKeys::left_out;
     const auto masked_scores = [&](const Func &source, const std::string &name) {
         Func masked(name);
         Expr score = source(v.j, v.i, v.h, v.b);
+        if (masks.softcap.defined()) {
+            score = select(masks.softcap > 0.0f, masks.softcap * vector_tanh(score / masks.softcap),
+                           score);
+        }
+        if (masks.alibi_slopes.defined()) {
+            const Expr distance = cast<float>(abs(v.i + masks.alibi_diagonal - v.j));
+            score -= masks.alibi_slopes(v.h) * distance;
+        }
         if (masks.additive.defined()) {
             score += masks.additive(v.j, v.i, v.h, v.b);
         }
         if (masks.blocking.defined()) {
             Expr blocked = (masks.blocking(v.j, v.i, v.h, v.b) != 0) == (masks.blocks_nonzero != 0);
-            score = select(blocked, kMaskedScore, score);
+            score = select(blocked, left_out ? Float(32).min() : Expr(kMaskedScore), score);
         }
         masked(v.j, v.i, v.h, v.b) = score;
         return masked;
@@ -385,27 +417,43 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
                     Func("inv_row_sum"),
                     Func("masked_softmax"),
                     RDom(0, num_keys, "max_j"),
-                    RDom(0, num_keys, "sum_j")};
+                    RDom(0, num_keys, "sum_j"),
+                    false,
+                    Func("lse")};
     // The key each reduction reads, and whether a query sees it.
     Expr max_key = m.max_j.x, sum_key = m.sum_j.x, max_visible = true, sum_visible = true;
-    if (masks.visible_keys.defined()) {
+    // The visible keys of query v.i: [first, end).
+    const Expr first = masks.first_visible.defined() ? masks.first_visible : Expr(0);
+    const Expr end = masks.visible_keys;
+    if (end.defined()) {
         m.causal = true;
         const int block = masks.key_block;
         const Expr blocks = (num_keys + block - 1) / block;
         m.max_j = RDom({{0, blocks}, {0, block}}, "max_j");
         m.sum_j = RDom({{0, blocks}, {0, block}}, "sum_j");
-        m.max_j.where(m.max_j.x < (masks.visible_keys + block - 1) / block);
-        m.sum_j.where(m.sum_j.x < (masks.visible_keys + block - 1) / block);
+        for (RDom *r : {&m.max_j, &m.sum_j}) {
+            if (masks.first_visible.defined()) {
+                r->where(r->x >= first / block);
+            }
+            r->where(r->x < (end + block - 1) / block);
+        }
         max_key = m.max_j.x * block + m.max_j.y;
         sum_key = m.sum_j.x * block + m.sum_j.y;
-        max_visible = max_key < masks.visible_keys;
-        sum_visible = sum_key < masks.visible_keys;
-        // Read clamped to the last visible key, so that bounds inference asks for no score past
-        // it (a predicate on a block bound does not narrow the region it asks for; one on the
+        max_visible = max_key >= first && max_key < end;
+        sum_visible = sum_key >= first && sum_key < end;
+        if (!masks.first_visible.defined()) {
+            max_visible = max_key < end;
+            sum_visible = sum_key < end;
+        }
+        // Read clamped to the visible keys, so that bounds inference asks for no score outside
+        // them (a predicate on a block bound does not narrow the region it asks for; one on the
         // key itself does).
         if (block > 1) {
-            max_key = min(max_key, max(masks.visible_keys - 1, 0));
-            sum_key = min(sum_key, max(masks.visible_keys - 1, 0));
+            const Expr last = max(end - 1, first);
+            max_key = masks.first_visible.defined() ? clamp(max_key, first, last)
+                                                    : min(max_key, max(end - 1, 0));
+            sum_key = masks.first_visible.defined() ? clamp(sum_key, first, last)
+                                                    : min(sum_key, max(end - 1, 0));
         }
     }
     const bool shared = scores.for_max.name() == scores.for_weights.name();
@@ -421,22 +469,33 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
     const auto nan_preserving_exp = [approximate_exp](const Expr &x) {
         return select(is_nan(x), x, approximate_exp ? bf16_exp(x) : exp(x));
     };
-    m.exps(v.j, v.i, v.h, v.b) =
-        nan_preserving_exp(m.masked(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+    // exp(score - row max); a row whose keys are all left out has max -inf (Float(32).min()),
+    // where the difference would be NaN: its exponentials are exp(-inf) = 0.
+    const auto row_exp = [&](const Expr &score) {
+        const Expr row_max = m.row_max(v.i, v.h, v.b);
+        return nan_preserving_exp(left_out
+                                      ? select(row_max == Float(32).min(), score, score - row_max)
+                                      : score - row_max);
+    };
+    m.exps(v.j, v.i, v.h, v.b) = row_exp(m.masked(v.j, v.i, v.h, v.b));
     Func exps_for_sum = m.exps;
     if (!shared) {
         exps_for_sum = Func("exps_for_sum");
-        exps_for_sum(v.j, v.i, v.h, v.b) =
-            nan_preserving_exp(masked_for_sum(v.j, v.i, v.h, v.b) - m.row_max(v.i, v.h, v.b));
+        exps_for_sum(v.j, v.i, v.h, v.b) = row_exp(masked_for_sum(v.j, v.i, v.h, v.b));
     }
     m.row_sum(v.i, v.h, v.b) = 0.0f;
     m.row_sum(v.i, v.h, v.b) += select(sum_visible, exps_for_sum(sum_key, v.i, v.h, v.b), 0.0f);
-    m.inv_sum(v.i, v.h, v.b) = 1.0f / m.row_sum(v.i, v.h, v.b);
+    // A row that no key weighs (every visible key left out) has weights 0; a NaN sum stays NaN.
+    const Expr sum = m.row_sum(v.i, v.h, v.b);
+    m.inv_sum(v.i, v.h, v.b) = left_out ? select(sum == 0.0f, 0.0f, 1.0f / sum) : 1.0f / sum;
     Expr weight = m.exps(v.j, v.i, v.h, v.b) * m.inv_sum(v.i, v.h, v.b);
-    if (masks.visible_keys.defined()) {
-        weight = select(v.j < masks.visible_keys, weight, 0.0f);
+    if (end.defined()) {
+        weight = select(masks.first_visible.defined() ? v.j >= first && v.j < end : v.j < end,
+                        weight, 0.0f);
     }
     m.weights(v.j, v.i, v.h, v.b) = weight;
+    m.lse(v.i, v.h, v.b) =
+        select(sum == 0.0f, Float(32).min(), m.row_max(v.i, v.h, v.b) + log(sum));
     return m;
 }
 
@@ -455,7 +514,8 @@ struct AttendValues {
 // loop bound. `weights` must be 0 for every hidden key up to a whole key block past the last
 // visible one.
 struct CausalBlocks {
-    Halide::Func visible_keys;  // (i), or undefined: not causal
+    Halide::Func visible_keys;   // (i), or undefined: not causal
+    Halide::Func first_visible;  // (i), or undefined: from the first key
     int key_block = 1, query_block = 1;
 };
 inline AttendValues attend_values(const StageVars &v, const Halide::Func &weights,
@@ -471,9 +531,14 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
         a.j = Halide::RDom({{0, (num_keys + kb - 1) / kb}, {0, kb}}, "values_j");
         const Halide::Expr blocks = (causal.visible_keys(v.i / qb * qb + qb - 1) + kb - 1) / kb;
         a.j.where(a.j.x < blocks);
-        // Clamped to the last block, which the predicate already ensures: bounds inference then
-        // asks for no weight past it (see masked_softmax).
+        // Clamped to the visible blocks, which the predicates already ensure: bounds inference
+        // then asks for no weight outside them (see masked_softmax).
         key = kb > 1 ? Halide::min(a.j.x * kb + a.j.y, Halide::max(blocks * kb - 1, 0)) : a.j.x;
+        if (causal.first_visible.defined()) {
+            const Halide::Expr first_block = causal.first_visible(v.i / qb * qb) / kb;
+            a.j.where(a.j.x >= first_block);
+            key = Halide::max(key, first_block * kb);
+        }
     }
     a.result(v.c, v.i, v.h, v.b) = 0.0f;
     a.result(v.c, v.i, v.h, v.b) +=

@@ -67,18 +67,20 @@ double f16_value(uint16_t h) {
     return sign * std::ldexp(1.0 + mantissa / 1024.0, exponent - 15);
 }
 
-// x as a tensor of `dtype` holds it.
-std::vector<float> rounded(const std::vector<float> &x, DType dtype) {
-    std::vector<float> r(x.size());
-    for (size_t n = 0; n < x.size(); n++) {
-        r[n] = dtype == DType::bf16  ? f32_from_bits(uint32_t(bf16_bits(x[n])) << 16)
-               : dtype == DType::f16 ? float(f16_value(f16_bits(x[n])))
-                                     : x[n];
+}  // namespace
+
+std::vector<float> values_of(const std::vector<uint16_t> &bits, DType dtype) {
+    std::vector<float> x(bits.size());
+    for (size_t n = 0; n < bits.size(); n++) {
+        x[n] = dtype == DType::bf16 ? f32_from_bits(uint32_t(bits[n]) << 16)
+                                    : float(f16_value(bits[n]));
     }
-    return r;
+    return x;
 }
 
-}  // namespace
+std::vector<float> rounded(const std::vector<float> &x, DType dtype) {
+    return dtype == DType::f32 ? x : values_of(bits_of(x, dtype), dtype);
+}
 
 std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
     std::vector<uint16_t> bits(x.size());

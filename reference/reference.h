@@ -51,8 +51,11 @@ struct Problem {
 // Output features of projection l (0 = q, 1 = k, 2 = v, 3 = out).
 int64_t out_features(const Problem &p, int l);
 
-// The bits of x rounded to a 16-bit dtype (bf16 or f16), as tensors of it hold them.
+// The bits of x rounded to a 16-bit dtype (bf16 or f16), as tensors of it hold them; x as such
+// a tensor holds it (f32: x itself); the values such bits hold.
 std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype);
+std::vector<float> rounded(const std::vector<float> &x, DType dtype);
+std::vector<float> values_of(const std::vector<uint16_t> &bits, DType dtype);
 
 // --- The stages, in double precision. ---
 // y[r, o] = b[o] + sum_i x[r, i] * w[o, i]  over rows r of x [rows, in], o < b.size().

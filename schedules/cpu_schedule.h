@@ -188,20 +188,26 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
                                             MaskedSoftmax &sm, Halide::Func owner,
                                             const Halide::Var &task_loop,
                                             const Halide::Var &tile_loop, int qk_rows,
-                                            const ScheduleParams &sp) {
+                                            const ScheduleParams &sp,
+                                            const Halide::Expr &single_query = Halide::Expr()) {
     using namespace Halide;
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
     Func score_tiles = scores.dot.in();
     Var jo("jo"), ji("ji"), qio("qio"), qii("qii");
-    score_tiles.store_at(owner, task_loop)
-        .compute_at(owner, tile_loop)
-        .split(v.j, jo, ji, vec * sp.qk_vectors, whole)
-        .split(v.i, qio, qii, qk_rows, whole)
-        .reorder(ji, qii, jo, qio)
-        .vectorize(ji, vec)
-        .unroll(ji)
-        .unroll(qii);
+    score_tiles.store_at(owner, task_loop).compute_at(owner, tile_loop);
+    const auto tile = [&](Stage stage, int rows) {
+        stage.split(v.j, jo, ji, vec * sp.qk_vectors, whole)
+            .split(v.i, qio, qii, rows, whole)
+            .reorder(ji, qii, jo, qio)
+            .vectorize(ji, vec)
+            .unroll(ji)
+            .unroll(qii);
+    };
+    if (single_query.defined()) {  // one query row: register tiles of one row
+        tile(score_tiles.specialize(single_query), 1);
+    }
+    tile(score_tiles, qk_rows);
     schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {scores.c.x}, vec);
     schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
     return score_tiles;
@@ -241,9 +247,9 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     const auto guard = TailStrategy::GuardWithIf;
     const Expr query_tiles = (f.query_len + width - 1) / width;
     const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
-    ScaledScores &scores = f.scores;
-    AttendValues &context = f.context;
-    MaskedSoftmax &sm = f.softmax;
+    ScaledScores &scores = f.core.scores;
+    AttendValues &context = f.core.context;
+    MaskedSoftmax &sm = f.core.softmax;
 
     // Keys and values packed as tiles, in loops that read the projections' token rows in order:
     // a tile's pairs innermost, then the features (of K: its slices; of V: its column tiles) and
@@ -327,21 +333,136 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     }
 }
 
-// The forward pass. Projections are register-tiled GEMMs. The attention core runs per
-// (batch x head, query tile): Q·Kᵀ for the tile's rows against every key, the masked softmax
-// and weights·V all stay in tile-sized buffers, so without weights requested no
-// [B, H, Sq, Sk] tensor exists. With `weights_are_output`, softmax.weights is the pipeline's
-// weights output, written once, and weights·V reads it back.
+// Where the attention core's tile buffers live: the loops of a task and of its tiles, of `owner`.
+struct AttentionTiles {
+    Halide::Func owner;
+    Halide::Var task, tile;
+};
+
+// The attention core (mha_attention.h) per (batch x head, query tile): Q·Kᵀ for the tile's rows
+// against every key it sees, the masked softmax and weights·V all stay in tile-sized buffers, so
+// without weights requested no [B, H, Sq, Sk] tensor exists. With `weights_are_output`,
+// softmax.weights is the pipeline's weights output, written once, and weights·V reads it back.
+// `context_tiles` is what the pipeline reads of the context (a wrapper of core.context.result, or
+// a Func of it and the softmax's row statistics): computed at root in register tiles, in
+// merged-head order. `k_heads` and `v_heads` are copied here (compute_root). With
+// `single_query` (a condition on the call), the calls with one query row (a decode step) get
+// tiles of one row, not register tiles of rows that repeat it.
+inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
+                                         Halide::Func context_tiles, Halide::Func k_heads,
+                                         Halide::Func v_heads, const Halide::Expr &query_len,
+                                         const Halide::Expr &num_keys,
+                                         const Halide::Expr &mask_keys_dense,
+                                         bool weights_are_output, const ScheduleParams &sp,
+                                         const Halide::Expr &single_query = Halide::Expr()) {
+    using namespace Halide;
+    const int vec = sp.vector_lanes;
+    const auto whole = TailStrategy::RoundUp;
+    const auto guard = TailStrategy::GuardWithIf;
+    // Each task's tile buffers are allocated once, so a fixed number of tasks per head keeps
+    // the allocations per call independent of the sequence length.
+    const Expr query_tiles = (query_len + sp.attention_rows - 1) / sp.attention_rows;
+    const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
+    // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
+    // Its rows (one per head feature) are kept off multiples of 4 KiB apart, which would alias in
+    // L1 while Q·Kᵀ walks down the features.
+    Var so("so"), si("si"), hb("hb"), co_copy("co_copy"), ci_copy("ci_copy"), hb_copy("hb_copy");
+    const int key_cols = vec * sp.qk_vectors;
+    // Q·Kᵀ's whole tiles reach past the last key by up to a tile. With a window they start at
+    // each query tile's first visible key, and bounds inference, which takes that start and the
+    // tiles' extent as independent, asks for up to twice the keys: a copy of O(Sk·d) against
+    // the window's O(Sq·W·d).
+    const Expr tiles = (num_keys + key_cols - 1) / key_cols;
+    const Expr key_tiles = core.windowed ? 2 * tiles + 1 : tiles;
+    k_heads.compute_root()
+        .bound(v.s, 0, key_tiles * key_cols + vec)
+        .reorder_storage(v.s, v.c, v.h, v.b)
+        .split(v.s, so, si, vec, whole)
+        .reorder(si, v.c, so, v.h, v.b)
+        .fuse(v.h, v.b, hb)
+        .vectorize(si);
+    fork_over_cores(k_heads, hb, sp);
+
+    // V is copied head-major, so weights·V streams each head's values contiguously instead of
+    // striding across the projection's rows (page-sized strides defeat the prefetchers).
+    v_heads.compute_root()
+        .split(v.c, co_copy, ci_copy, vec, whole)
+        .fuse(v.h, v.b, hb_copy)
+        .vectorize(ci_copy);
+    fork_over_cores(v_heads, hb_copy, sp);
+
+    // weights·V: register tiles of (feature, query), accumulating in registers.
+    Var io("io"), ii("ii"), iop("iop"), iot("iot");
+    Var co("co"), ci("ci"), pio("pio"), pii("pii");
+    const int pv_cols = vec * sp.pv_vectors;
+    // Heads and batches are separate parallel loops, not fused: through a fused loop's
+    // modulus, bounds inference would widen each register tile to every head.
+    // Stored in merged-head order, so that the output projection reads each token's features
+    // contiguously.
+    context_tiles.compute_root().reorder_storage(v.c, v.h, v.i, v.b);
+    const auto tile = [&](Stage stage, int rows, int pv_rows) {
+        stage.split(v.i, io, ii, rows, whole)
+            .split(io, iop, iot, tiles_per_task, guard)
+            .split(v.c, co, ci, pv_cols, whole)
+            .split(ii, pio, pii, pv_rows, whole)
+            .reorder(ci, pii, co, pio, iot, iop, v.h, v.b)
+            .vectorize(ci, vec)
+            .unroll(ci)
+            .unroll(pii);
+        for (const Var &task : {iop, v.h, v.b}) {
+            fork_over_cores(stage, task, sp);
+        }
+    };
+    if (single_query.defined()) {
+        tile(context_tiles.specialize(single_query), 1, 1);
+    }
+    tile(context_tiles, sp.attention_rows, sp.pv_rows);
+    // Causal: the keys of one block (j.y) inside the block loop (j.x), whose bound is the row
+    // tile's (CausalBlocks).
+    const std::vector<RVar> keys = core.softmax.causal
+                                       ? std::vector<RVar>{core.context.j.y, core.context.j.x}
+                                       : std::vector<RVar>{core.context.j.x};
+    schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
+
+    // Scores and softmax live in tile buffers allocated once per task: per attention tile of
+    // weights·V, or per row block of the weights output when the caller asked for the weights.
+    MaskedSoftmax &sm = core.softmax;
+    Func tile_owner = context_tiles;
+    Var tile_loop = iot, task_loop = iop;
+    if (weights_are_output) {
+        tile_owner = sm.weights;
+        std::tie(task_loop, tile_loop) =
+            schedule_weights_output(v, sm, sp.attention_rows, tiles_per_task, sp);
+    } else if (sp.materialize_weights) {
+        sm.weights.store_at(context_tiles, iop)
+            .compute_at(context_tiles, iot)
+            .vectorize(v.j, vec, whole)
+            .fold_storage(v.i, sp.attention_rows);
+    }
+
+    const Func score_tiles = schedule_attention_tile(v, core.scores, sm, tile_owner, task_loop,
+                                                     tile_loop, sp.qk_rows, sp, single_query);
+    // A task's tiles reuse one tile's worth of storage.
+    for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
+        tile_buffer.fold_storage(v.i, sp.attention_rows);
+    }
+    // The caller chooses the mask's key stride (zero broadcasts a mask over keys): the common
+    // dense case, a key-padding or [Sq, Sk] mask, gets its own copy of the attention loops in
+    // which mask loads are vectors rather than gathers.
+    if (mask_keys_dense.defined()) {
+        tile_owner.specialize(mask_keys_dense);
+    }
+    return {tile_owner, task_loop, tile_loop};
+}
+
+// The forward pass: projections as register-tiled GEMMs around the attention core
+// (schedule_attention, or on the matrix engine schedule_tiled_attention).
 inline void schedule_forward(ForwardStages &f, bool weights_are_output, const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
     const auto guard = TailStrategy::GuardWithIf;
-    // Each task's tile buffers are allocated once, so a fixed number of tasks per head keeps
-    // the allocations per call independent of the sequence length.
-    const Expr query_tiles = (f.query_len + sp.attention_rows - 1) / sp.attention_rows;
-    const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
 
     const auto schedule_any_projection = [&](Projection &p) {
         if (p.tiles.defined()) {
@@ -368,89 +489,12 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         f.out_proj.rows.specialize(f.head_dim == head_dim);
     }
 
-    if (f.scores.tiled.tiles.defined()) {
+    if (f.core.scores.tiled.tiles.defined()) {
         schedule_tiled_attention(f, weights_are_output, sp);
         return;
     }
-    // K is stored key-major inside each head, so Q·Kᵀ vectorizes over keys with dense loads.
-    // Its rows (one per head feature) are kept off multiples of 4 KiB apart, which would alias in
-    // L1 while Q·Kᵀ walks down the features.
-    Var so("so"), si("si"), hb("hb"), co_copy("co_copy"), ci_copy("ci_copy"), hb_copy("hb_copy");
-    const int key_cols = vec * sp.qk_vectors;
-    f.k_heads.compute_root()
-        .bound(v.s, 0, (f.num_keys + key_cols - 1) / key_cols * key_cols + vec)
-        .reorder_storage(v.s, v.c, v.h, v.b)
-        .split(v.s, so, si, vec, whole)
-        .reorder(si, v.c, so, v.h, v.b)
-        .fuse(v.h, v.b, hb)
-        .vectorize(si);
-    fork_over_cores(f.k_heads, hb, sp);
-
-    // V is copied head-major, so weights·V streams each head's values contiguously instead of
-    // striding across the projection's rows (page-sized strides defeat the prefetchers).
-    f.v_heads.compute_root()
-        .split(v.c, co_copy, ci_copy, vec, whole)
-        .fuse(v.h, v.b, hb_copy)
-        .vectorize(ci_copy);
-    fork_over_cores(f.v_heads, hb_copy, sp);
-
-    // weights·V: a wrapper over (feature, query) tiles, accumulating in registers.
-    Func context_tiles = f.context.result.in();
-    Var io("io"), ii("ii"), iop("iop"), iot("iot");
-    Var co("co"), ci("ci"), pio("pio"), pii("pii");
-    const int pv_cols = vec * sp.pv_vectors;
-    // Heads and batches are separate parallel loops, not fused: through a fused loop's
-    // modulus, bounds inference would widen each register tile to every head.
-    // Stored in merged-head order, so that the output projection reads each token's features
-    // contiguously.
-    context_tiles.compute_root()
-        .reorder_storage(v.c, v.h, v.i, v.b)
-        .split(v.i, io, ii, sp.attention_rows, whole)
-        .split(io, iop, iot, tiles_per_task, guard)
-        .split(v.c, co, ci, pv_cols, whole)
-        .split(ii, pio, pii, sp.pv_rows, whole)
-        .reorder(ci, pii, co, pio, iot, iop, v.h, v.b)
-        .vectorize(ci, vec)
-        .unroll(ci)
-        .unroll(pii);
-    for (const Var &task : {iop, v.h, v.b}) {
-        fork_over_cores(context_tiles, task, sp);
-    }
-    // Causal: the keys of one block (j.y) inside the block loop (j.x), whose bound is the row
-    // tile's (CausalBlocks).
-    const std::vector<RVar> keys = f.softmax.causal
-                                       ? std::vector<RVar>{f.context.j.y, f.context.j.x}
-                                       : std::vector<RVar>{f.context.j.x};
-    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
-
-    // Scores and softmax live in tile buffers allocated once per task: per attention tile of
-    // weights·V, or per row block of the weights output when the caller asked for the weights.
-    MaskedSoftmax &sm = f.softmax;
-    Func tile_owner = context_tiles;
-    Var tile_loop = iot, task_loop = iop;
-    if (weights_are_output) {
-        tile_owner = sm.weights;
-        std::tie(task_loop, tile_loop) =
-            schedule_weights_output(v, sm, sp.attention_rows, tiles_per_task, sp);
-    } else if (sp.materialize_weights) {
-        sm.weights.store_at(context_tiles, iop)
-            .compute_at(context_tiles, iot)
-            .vectorize(v.j, vec, whole)
-            .fold_storage(v.i, sp.attention_rows);
-    }
-
-    const Func score_tiles =
-        schedule_attention_tile(v, f.scores, sm, tile_owner, task_loop, tile_loop, sp.qk_rows, sp);
-    // A task's tiles reuse one tile's worth of storage.
-    for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
-        tile_buffer.fold_storage(v.i, sp.attention_rows);
-    }
-    // The caller chooses the mask's key stride (zero broadcasts a mask over keys): the common
-    // dense case, a key-padding or [Sq, Sk] mask, gets its own copy of the attention loops in
-    // which mask loads are vectors rather than gathers.
-    if (f.mask_keys_dense.defined()) {
-        tile_owner.specialize(f.mask_keys_dense);
-    }
+    schedule_attention(v, f.core, f.core.context.result.in(), f.k_heads, f.v_heads, f.query_len,
+                       f.num_keys, f.mask_keys_dense, weights_are_output, sp);
 }
 
 // A decode step. Per (batch row, head) task and new token: Q·Kᵀ against every cached key in

@@ -123,7 +123,7 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, bool cau
     // weights·V: a block per (query tile, head, batch); threads over (head features, rows). A
     // thread's features: adjacent in registers (one vector load from the V tile), or, in shared
     // memory, threads_x apart (consecutive threads, consecutive words).
-    Func context_tiles = f.context.result.in();
+    Func context_tiles = f.core.context.result.in();
     Var io("io"), ii("ii"), co("co"), ci("ci"), ct("ct"), cu("cu");
     const int head_tile = contract::kMaxTile;
     const int threads_x = head_tile / sp.head_cols_per_thread;
@@ -143,23 +143,23 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, bool cau
         .gpu_blocks(io, v.h, v.b)
         .gpu_threads(ct, ii)
         .unroll(cu);
-    f.context.result.compute_at(context_tiles, co)
+    f.core.context.result.compute_at(context_tiles, co)
         .store_in(context_in_shared ? MemoryType::GPUShared : MemoryType::Register);
-    split_features(f.context.result, v.c);
-    f.context.result.reorder(cu, ct, v.i).gpu_threads(ct, v.i).unroll(cu);
+    split_features(f.core.context.result, v.c);
+    f.core.context.result.reorder(cu, ct, v.i).gpu_threads(ct, v.i).unroll(cu);
     RVar jo("jo"), ji("ji");
-    f.context.result.update().split(f.context.j.x, jo, ji, sp.key_step, guard);
-    split_features(f.context.result.update(), v.c);
-    f.context.result.update().reorder(cu, ji, ct, v.i, jo).gpu_threads(ct, v.i).unroll(cu);
-    const LoopLevel key_tile(f.context.result, jo);
-    stage_in_shared(f.v_heads, f.context.result, key_tile, threads_x, sp.attention_rows);
+    f.core.context.result.update().split(f.core.context.j.x, jo, ji, sp.key_step, guard);
+    split_features(f.core.context.result.update(), v.c);
+    f.core.context.result.update().reorder(cu, ji, ct, v.i, jo).gpu_threads(ct, v.i).unroll(cu);
+    const LoopLevel key_tile(f.core.context.result, jo);
+    stage_in_shared(f.v_heads, f.core.context.result, key_tile, threads_x, sp.attention_rows);
 
-    MaskedSoftmax &sm = f.softmax;
+    MaskedSoftmax &sm = f.core.softmax;
     const int rows = sp.attention_rows;
     // Row max and sum: one thread per row over every key with the scores recomputed (their own
     // copies of the dot product, in registers), so that no row of Sk scores is ever held.
-    f.stat_scores.at(0).dot.compute_at(sm.row_max, sm.max_j.x).store_in(MemoryType::Register);
-    f.stat_scores.at(1).dot.compute_at(sm.row_sum, sm.sum_j.x).store_in(MemoryType::Register);
+    f.core.stat_scores.at(0).dot.compute_at(sm.row_max, sm.max_j.x).store_in(MemoryType::Register);
+    f.core.stat_scores.at(1).dot.compute_at(sm.row_sum, sm.sum_j.x).store_in(MemoryType::Register);
     if (weights_are_output) {
         // Row statistics in kernels of their own, then the weights output in (key tile, row
         // tile) blocks, read back tile by tile into shared memory by weights·V.
@@ -186,9 +186,9 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, bool cau
             .gpu_blocks(jt, wo, v.h)
             .gpu_threads(jj, wi);
         // Each thread computes its own score in registers.
-        f.scores.dot.compute_at(sm.weights, jj).store_in(MemoryType::Register);
-        stage_in_shared(f.k_heads, f.scores.dot, LoopLevel(sm.weights, jt), threads_x, rows);
-        f.weights_for_values.compute_at(key_tile)
+        f.core.scores.dot.compute_at(sm.weights, jj).store_in(MemoryType::Register);
+        stage_in_shared(f.k_heads, f.core.scores.dot, LoopLevel(sm.weights, jt), threads_x, rows);
+        f.core.weights_for_values.compute_at(key_tile)
             .store_in(MemoryType::GPUShared)
             .gpu_threads(v.j, v.i);
     } else {
@@ -202,9 +202,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, bool cau
             stat.update().gpu_threads(v.i);
         }
         sm.weights.compute_at(key_tile).store_in(MemoryType::GPUShared).gpu_threads(v.j, v.i);
-        f.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
-        stage_in_shared(f.k_heads, f.scores.dot, key_tile, threads_x, rows);
-        stage_in_shared(f.q_heads, f.scores.dot, LoopLevel(context_tiles, co), threads_x, rows);
+        f.core.scores.dot.compute_at(sm.weights, v.j).store_in(MemoryType::Register);
+        stage_in_shared(f.k_heads, f.core.scores.dot, key_tile, threads_x, rows);
+        stage_in_shared(f.q_heads, f.core.scores.dot, LoopLevel(context_tiles, co), threads_x,
+                        rows);
     }
 }
 

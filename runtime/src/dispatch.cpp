@@ -47,6 +47,21 @@ ForwardKernels select_kernel(const ForwardParams &p) {
     return kernels;
 }
 
+const CompiledKernel &select_kernel(const AttentionParams &p) {
+    contract::KernelVariant v;
+    v.op = contract::KernelOp::attention;
+    v.mask = p.mask.kind;                   // none, bytes (either convention) or additive
+    v.causal = p.window;                    // a causal order or a sliding window, or both
+    v.modified_scores = p.modified_scores;  // soft-capping or ALiBi
+    v.dtype = DType::f32;                   // 16-bit tensors are widened to it
+    const CompiledKernel *kernel =
+        find_kernel(component_for(Device::cpu), int(cpu_isa()), p.batch * p.query_len, v);
+    if (kernel == nullptr) {
+        throw Error("internal error: the cpu kernels have no attention variant for this call");
+    }
+    return *kernel;
+}
+
 void run_forward(const ForwardParams &p, const ForwardKernels &kernels, const PackedWeights &packed,
                  const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<MutableTensor> &weights) {

@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "attention_params.h"
 #include "forward_params.h"
 #include "kernel_table.h"
 #include "packed_weights.h"
@@ -20,6 +21,8 @@ struct ForwardKernels {
 };
 
 ForwardKernels select_kernel(const ForwardParams &p);
+// The attention core's kernel (mha::attention): on the CPU's f32 instruction set.
+const CompiledKernel &select_kernel(const AttentionParams &p);
 
 // Runs `kernels` on the call's tensors (views of their memory, of the element type the kernels
 // read: what `query`, `key` and `value` point to is read as such) and the module's `packed`

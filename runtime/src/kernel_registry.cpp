@@ -64,6 +64,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.variant.returns_weights,
                             kernel.variant.fused_qkv,
                             kernel.variant.causal,
+                            kernel.variant.modified_scores,
                             kernel.variant.dtype,
                             {}};
             if (kernel.buckets == contract::kAllBuckets) {

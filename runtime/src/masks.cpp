@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "checks.h"
 
@@ -16,32 +17,54 @@ using Strides = std::array<int64_t, 4>;
 
 const char *const kDimNames[] = {"batch", "num_heads", "query length", "key length"};
 
-// A seed mask: four dimensions, each 1 (broadcast, stride 0) or the full extent.
-template <typename T>
-Strides broadcast_strides(const char *name, const TensorView<T> &t,
-                          const std::array<int64_t, 4> &full) {
-    const auto &shape = t.shape;
-    if (shape.size() != 4) {
+}  // namespace
+
+Strides broadcast_strides(const char *name, const std::vector<int64_t> &shape,
+                          const std::vector<int64_t> &strides, const std::array<int64_t, 4> &full) {
+    const size_t rank = shape.size();
+    if (rank < 1 || rank > 4) {
         throw Error(fmt::format(
-            "{} has shape {} but must have 4 dimensions, each 1 or the extent of [B, H, Sq, Sk] = "
-            "{}; PyTorch's [B, Sk] key padding goes in key_padding_mask, an [Sq, Sk] mask in "
-            "attn_mask",
+            "{} has shape {} but must have 1 to 4 dimensions that broadcast against [B, H, Sq, "
+            "Sk] = {} (right-aligned, each 1 or the full extent)",
             name, shape_string(shape), shape_string(full)));
     }
-    check_view(name, t, 4, "[B or 1, H or 1, Sq or 1, Sk or 1]");
-    Strides strides{};
+    if (!strides.empty() && strides.size() != rank) {
+        throw Error(
+            fmt::format("{} has {} strides for its {} dimensions", name, strides.size(), rank));
+    }
+    Strides out{};
     int64_t stride = 1;
-    for (size_t d = 4; d-- > 0;) {
-        if (shape[d] != 1 && shape[d] != full[d]) {
+    for (size_t d = rank; d-- > 0;) {
+        const size_t at = 4 - rank + d;  // the dimension of [B, H, Sq, Sk] it broadcasts to
+        if (shape[d] < 1) {
+            throw Error(fmt::format("{} has shape {}: dimension {} is {}, must be >= 1", name,
+                                    shape_string(shape), d, shape[d]));
+        }
+        if (shape[d] != 1 && shape[d] != full[at]) {
             throw Error(fmt::format(
                 "{} has shape {} which does not broadcast to [B, H, Sq, Sk] = {}: dimension {} "
                 "is {}, but {} is {}",
-                name, shape_string(shape), shape_string(full), d, shape[d], kDimNames[d], full[d]));
+                name, shape_string(shape), shape_string(full), d, shape[d], kDimNames[at],
+                full[at]));
         }
-        strides[d] = shape[d] == 1 ? 0 : stride;
+        const int64_t given = strides.empty() ? stride : strides[d];
+        if (given < 0) {
+            throw Error(fmt::format("{} has stride {} in dimension {}: strides must be >= 0", name,
+                                    given, d));
+        }
+        out[at] = shape[d] == 1 ? 0 : given;
         stride *= shape[d];
     }
-    return strides;
+    return out;
+}
+
+namespace {
+
+template <typename T>
+Strides seed_mask_strides(const char *name, const TensorView<T> &t,
+                          const std::array<int64_t, 4> &full) {
+    check_data(name, t);
+    return broadcast_strides(name, t.shape, {}, full);
 }
 
 // PyTorch's two masks.
@@ -101,13 +124,13 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
     if (o.mask) {
         check_convention("mask", o.mask->convention);
         k.kind = MaskKind::bytes;
-        k.strides = broadcast_strides("mask", o.mask->values, full);
+        k.strides = seed_mask_strides("mask", o.mask->values, full);
         k.data = o.mask->values.data;
         k.device_handle = o.mask->values.device_handle;
         k.blocks_nonzero = o.mask->convention == MaskConvention::block;
     } else if (o.additive_mask) {
         k.kind = MaskKind::additive;
-        k.strides = broadcast_strides("additive_mask", *o.additive_mask, full);
+        k.strides = seed_mask_strides("additive_mask", *o.additive_mask, full);
         k.data = o.additive_mask->data;
         k.device_handle = o.additive_mask->device_handle;
     } else if (o.key_padding_mask && o.attn_mask) {
@@ -138,6 +161,25 @@ KernelMask resolve_masks(const ForwardOptions &o, const std::array<int64_t, 4> &
         k.device_handle = m.device_handle;
     }
     return k;
+}
+
+KernelMask attention_mask(const AttentionMask &mask, const std::array<int64_t, 4> &full) {
+    check_convention("mask", mask.convention);
+    return std::visit(
+        [&](const auto &t) {
+            KernelMask k;
+            const bool bytes =
+                std::is_same_v<std::decay_t<decltype(t)>, StridedView<const uint8_t>>;
+            k.kind = bytes ? MaskKind::bytes : MaskKind::additive;
+            k.blocks_nonzero = mask.convention == MaskConvention::block;
+            if (t.data == nullptr) {
+                throw Error("mask has a null data pointer");
+            }
+            k.data = t.data;
+            k.strides = broadcast_strides("mask", t.shape, t.strides, full);
+            return k;
+        },
+        mask.values);
 }
 
 HostBuffer kernel_mask_buffer(const KernelMask &mask, const std::array<int64_t, 4> &full,

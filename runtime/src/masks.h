@@ -57,6 +57,16 @@ struct KernelMask {
     std::optional<Combination> combination;
 };
 
+// The strides, in elements, of a mask of `shape` (and `strides`; empty: row-major) broadcast
+// against [B, H, Sq, Sk] = `full` as torch broadcasts (right-aligned, each dimension 1 or the
+// full extent): 0 where it broadcasts. Throws mha::Error naming `name`.
+std::array<int64_t, 4> broadcast_strides(const char *name, const std::vector<int64_t> &shape,
+                                         const std::vector<int64_t> &strides,
+                                         const std::array<int64_t, 4> &full);
+
+// What the kernel reads of an attention call's mask.
+KernelMask attention_mask(const AttentionMask &mask, const std::array<int64_t, 4> &full);
+
 // Checks `options`' masks against [B, H, Sq, Sk] = `full` and says what the kernel reads. Throws
 // mha::Error naming a bad mask, or masks that must not come together.
 KernelMask resolve_masks(const ForwardOptions &options, const std::array<int64_t, 4> &full);

@@ -263,7 +263,7 @@ TEST_F(ModuleErrors, MaskThatDoesNotBroadcast) {
         [&] {
             forward(q(), k(), v(), mha::Mask{{m.data(), {1, 2, 3, 5, 7}}, MaskConvention::keep});
         },
-        "mask has shape [1, 2, 3, 5, 7] but must have 4 dimensions");
+        "mask has shape [1, 2, 3, 5, 7] but must have 1 to 4 dimensions");
     expect_error(
         [&] {
             forward(q(), k(), v(), mha::Mask{{nullptr, {1, 1, 5, 7}}, MaskConvention::keep});

@@ -2,7 +2,8 @@
 // and what is done with it: forward() in every variant (masks of each family, shape, element
 // type and convention; causal orders; weights per head or averaged; fused or separate QKV;
 // grouped-query heads; kdim and vdim; modules and tensors in f32, bf16 or f16), the seed's call,
-// kernel_name(), from_in_proj(), and decode steps over a KV cache with truncation and reset. Most
+// kernel_name(), from_in_proj(), decode steps over a KV cache with truncation and reset, and
+// mha::attention (strides, masks of every rank, windows, soft-capping, ALiBi, lse). Most
 // inputs also corrupt one thing: an extent, a rank, a data pointer, a device handle, an enum, a
 // size or a decode count.
 //
@@ -28,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_problems.h"
 #include "mha/mha.h"
 #include "problems.h"
 
@@ -347,7 +349,7 @@ mha::Linear linear_view(const ModuleArgs &m, int l) {
 
 // --- Forward calls. ---
 
-enum class Entry { forward, seed_forward, kernel_name, from_in_proj, decode, count };
+enum class Entry { forward, seed_forward, kernel_name, from_in_proj, decode, attention, count };
 enum class MaskFamily { none, bytes, additive, key_padding, attn, both_torch, count };
 
 template <typename E>
@@ -833,6 +835,193 @@ void fuzz_decode(FuzzedDataProvider &in, uint64_t seed) {
     }
 }
 
+// --- The attention core. ---
+
+// [B, H, S, d] dense, or [B, S, H, d] memory seen through strides.
+std::vector<int64_t> strides_of(bool heads_inner, const std::vector<int64_t> &shape) {
+    if (shape.size() != 4 || !heads_inner) {
+        return {};
+    }
+    const int64_t H = shape[1], S = shape[2], d = shape[3];
+    return {S * H * d, d, H * d, 1};
+}
+
+// `dense` [B, H, S, d] laid out as the strides say (none: as it is).
+std::vector<float> laid_out(const std::vector<float> &dense, const std::vector<int64_t> &shape,
+                            const std::vector<int64_t> &strides) {
+    if (strides.empty()) {
+        return dense;
+    }
+    std::vector<float> out(dense.size());
+    size_t n = 0;
+    for (int64_t b = 0; b < shape[0]; b++)
+        for (int64_t h = 0; h < shape[1]; h++)
+            for (int64_t s = 0; s < shape[2]; s++)
+                for (int64_t c = 0; c < shape[3]; c++) {
+                    out[size_t(b * strides[0] + h * strides[1] + s * strides[2] + c)] = dense[n++];
+                }
+    return out;
+}
+
+// Relative L2 over finite entries; every non-finite one (a row no key weighs: lse -inf) equal.
+void expect_matches(const char *what, const std::vector<float> &got,
+                    const std::vector<double> &want, double tolerance) {
+    std::vector<float> finite_got;
+    std::vector<double> finite_want;
+    for (size_t i = 0; i < want.size(); i++) {
+        if (std::isfinite(want[i])) {
+            finite_got.push_back(got[i]);
+            finite_want.push_back(want[i]);
+        } else if (double(got[i]) != want[i]) {
+            finding(std::string(what) + "[" + std::to_string(i) + "] is " + std::to_string(got[i]) +
+                    " where the reference has " + std::to_string(want[i]));
+        }
+    }
+    if (!finite_want.empty()) {
+        expect_close(what, finite_got.data(), finite_want, tolerance);
+    }
+}
+
+void fuzz_attention(FuzzedDataProvider &in, uint64_t seed) {
+    const int64_t kv_heads = in.ConsumeIntegralInRange<int64_t>(1, 3);
+    mha::problems::AttentionShape shape{in.ConsumeIntegralInRange<int64_t>(1, 3),
+                                        kv_heads * in.ConsumeIntegralInRange<int64_t>(1, 3),
+                                        kv_heads,
+                                        in.ConsumeIntegralInRange<int64_t>(1, 9),
+                                        in.ConsumeIntegralInRange<int64_t>(1, 9),
+                                        in.ConsumeIntegralInRange<int64_t>(1, 20),
+                                        in.ConsumeIntegralInRange<int64_t>(1, 20)};
+    mha::reference::AttentionProblem p = mha::problems::random_attention_problem(shape, seed);
+    const std::array<int64_t, 4> full{shape.batch, shape.heads, shape.query_len, shape.key_len};
+    const int mask_rank = in.ConsumeIntegralInRange<int>(0, 4);
+    if (mask_rank > 0) {
+        std::vector<int64_t> mask_shape = broadcast_shape(in, full);
+        mask_shape.erase(mask_shape.begin(), mask_shape.begin() + (4 - mask_rank));
+        mha::problems::add_random_attention_mask(
+            p, in.ConsumeBool(), mask_shape, seed + 1,
+            in.ConsumeBool() ? mha::MaskConvention::keep : mha::MaskConvention::block);
+    }
+    p.causal = static_cast<mha::Causal>(in.ConsumeIntegralInRange<int>(0, 2));
+    p.window_left = in.ConsumeIntegralInRange<int64_t>(-1, 6);
+    p.window_right = p.causal != mha::Causal::none ? -1 : in.ConsumeIntegralInRange<int64_t>(-1, 6);
+    p.softcap = in.ConsumeBool() ? in.ConsumeIntegralInRange<int>(1, 8) * 0.25 : 0.0;
+    if (in.ConsumeBool()) {
+        for (int64_t h = 0; h < shape.heads; h++) {
+            p.alibi_slopes.push_back(0.5f / float(h + 1));
+        }
+    }
+    const bool heads_inner = in.ConsumeBool();
+    const auto tensor = [&](const char *name, Role role, const std::vector<float> &dense,
+                            std::vector<int64_t> dims) {
+        Arg a{name, role, sizeof(float), std::move(dims)};
+        a.init = dense.data();
+        return a;
+    };
+    const std::vector<float> no_output;
+    Arg q = tensor("query", Role::input, p.query,
+                   {shape.batch, shape.heads, shape.query_len, shape.head_dim});
+    Arg k =
+        tensor("key", Role::input, p.key, {shape.batch, kv_heads, shape.key_len, shape.head_dim});
+    Arg v = tensor("value", Role::input, p.value,
+                   {shape.batch, kv_heads, shape.key_len, shape.value_dim});
+    Arg out = tensor("output", Role::output, no_output,
+                     {shape.batch, shape.heads, shape.query_len, shape.value_dim});
+    Arg lse = tensor("lse", Role::output, no_output, {shape.batch, shape.heads, shape.query_len});
+    Arg mask{"mask", Role::broadcast_mask, p.mask_is_bool ? 1u : 4u, p.mask_shape};
+    mask.init = p.mask_is_bool ? static_cast<const void *>(p.bools.data()) : p.floats.data();
+    std::copy(full.end() - p.mask_shape.size(), full.end(), mask.full.begin());
+    std::vector<Arg *> args = {&q, &k, &v, &out, &lse};
+    if (!p.mask_shape.empty()) {
+        args.push_back(&mask);
+    }
+    Corruption kind = pick<Corruption>(in);
+    kind = kind == Corruption::device_handle ? Corruption::none : kind;  // no device here
+    bool corrupted = corrupt(in, args, kind);
+    // Or an option none of the kernels takes.
+    mha::AttentionOptions options = mha::problems::attention_options(p);
+    if (!corrupted && in.ConsumeIntegralInRange<int>(0, 7) == 0) {
+        corrupted = true;
+        switch (in.ConsumeIntegralInRange<int>(0, 4)) {
+        case 0:
+            options.window_left = -2 - in.ConsumeIntegralInRange<int64_t>(0, 1 << 20);
+            break;
+        case 1:
+            options.softcap = in.ConsumeBool() ? -1.0f : std::numeric_limits<float>::quiet_NaN();
+            break;
+        case 2:
+            options.causal = static_cast<mha::Causal>(in.ConsumeIntegralInRange<int>(3, 255));
+            break;
+        case 3:
+            options.scale = std::numeric_limits<float>::infinity();
+            break;
+        default:
+            options.causal = mha::Causal::top_left;
+            options.window_right = in.ConsumeIntegralInRange<int64_t>(1, 9);
+            break;
+        }
+        corruption_applied = "an option";
+    }
+    GuardedMemory memory;
+    // The inputs' memory in the layout the strides say (a corrupted shape keeps none).
+    std::vector<std::vector<float>> layouts;
+    for (Arg *a : {&q, &k, &v}) {
+        if (!a->corrupted) {
+            layouts.push_back(
+                laid_out(*static_cast<const std::vector<float> *>(a == &q   ? &p.query
+                                                                  : a == &k ? &p.key
+                                                                            : &p.value),
+                         a->shape, strides_of(heads_inner, a->shape)));
+            a->init = layouts.back().data();
+        }
+    }
+    materialize(args, memory, in.ConsumeBool(), kind);
+    if (!p.mask_shape.empty()) {
+        options.mask =
+            p.mask_is_bool
+                ? mha::AttentionMask{mha::StridedView<const uint8_t>{
+                                         static_cast<const uint8_t *>(mask.data), mask.shape, {}},
+                                     p.convention}
+                : mha::AttentionMask{mha::StridedView<const float>{
+                                         static_cast<const float *>(mask.data), mask.shape, {}},
+                                     p.convention};
+    }
+    options.lse = mha::StridedView<float>{static_cast<float *>(lse.data), lse.shape, {}};
+    const auto view = [&](const Arg &a) {
+        return mha::StridedView<const float>{
+            static_cast<const float *>(a.data), a.shape,
+            a.corrupted ? std::vector<int64_t>{} : strides_of(heads_inner, a.shape)};
+    };
+    const std::vector<int64_t> out_strides =
+        out.corrupted ? std::vector<int64_t>{} : strides_of(heads_inner, out.shape);
+    expect_outcome(corrupted, "attention", [&] {
+        mha::attention(view(q), view(k), view(v),
+                       {static_cast<float *>(out.data), out.shape, out_strides}, options);
+    });
+    if (corrupted) {
+        return;
+    }
+    const mha::reference::AttentionResult want = mha::reference::attention(p);
+    // The output back to dense [B, H, Sq, dv].
+    std::vector<float> got(want.output.size());
+    const std::vector<int64_t> st =
+        out_strides.empty()
+            ? std::vector<int64_t>{shape.heads * shape.query_len * shape.value_dim,
+                                   shape.query_len * shape.value_dim, shape.value_dim, 1}
+            : out_strides;
+    size_t n = 0;
+    for (int64_t b = 0; b < shape.batch; b++)
+        for (int64_t h = 0; h < shape.heads; h++)
+            for (int64_t i = 0; i < shape.query_len; i++)
+                for (int64_t c = 0; c < shape.value_dim; c++) {
+                    got[n++] =
+                        static_cast<const float *>(out.data)[b * st[0] + h * st[1] + i * st[2] + c];
+                }
+    expect_matches("attention output", got, want.output, kTolerance);
+    const float *lse_data = static_cast<const float *>(lse.data);
+    expect_matches("attention lse", std::vector<float>(lse_data, lse_data + want.lse.size()),
+                   want.lse, kTolerance);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int *, char ***) {
@@ -848,6 +1037,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint64_t seed = in.ConsumeIntegral<uint16_t>();
     if (entry == Entry::decode) {
         fuzz_decode(in, seed);
+    } else if (entry == Entry::attention) {
+        fuzz_attention(in, seed);
     } else {
         fuzz_forward(in, entry, seed);
     }

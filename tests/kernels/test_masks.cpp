@@ -147,13 +147,23 @@ struct MaskSemantics : ::testing::Test {
 
 // The mix-up of PyTorch's [B, Sk] key padding with a seed mask cannot happen: a seed mask has
 // four dimensions, and key_padding_mask is its own argument that masks keys per batch row.
-TEST_F(MaskSemantics, KeyPaddingIsNeverAnSqSkMask) {
+// Seed masks broadcast right-aligned, as the seed's masked_fill reads them: a [B, Sk]-shaped
+// byte mask is an [Sq, Sk] mask (PyTorch's key padding goes in key_padding_mask), the same as
+// [1, 1, Sq, Sk] bit for bit; a key padding is [B, 1, 1, Sk], the same as key_padding_mask.
+TEST_F(MaskSemantics, SeedMasksBroadcastRightAligned) {
     std::vector<uint8_t> padding(d.batch * d.key_len, 0);
     padding[0 * d.key_len + 4] = padding[1 * d.key_len + 3] = padding[1 * d.key_len + 4] = 1;
-    mha::ForwardOptions as_seed_mask;
-    as_seed_mask.mask = mha::Mask{{padding.data(), {d.batch, d.key_len}}, MaskConvention::block};
-    EXPECT_NE(error_of(as_seed_mask).find("key_padding_mask"), std::string::npos)
-        << error_of(as_seed_mask);
+    ASSERT_EQ(d.batch, d.query_len);  // so that [B, Sk] is an [Sq, Sk] shape too
+    mha::ForwardOptions two_dimensional;
+    two_dimensional.mask =
+        mha::Mask{{padding.data(), {d.query_len, d.key_len}}, MaskConvention::block};
+    forward(two_dimensional);
+    const std::vector<float> as_sq_sk = output;
+    mha::ForwardOptions four_dimensional;
+    four_dimensional.mask =
+        mha::Mask{{padding.data(), {1, 1, d.query_len, d.key_len}}, MaskConvention::block};
+    forward(four_dimensional);
+    EXPECT_EQ(output, as_sq_sk);
 
     p.key_padding_mask = mha::reference::TorchMask{true, {d.batch, d.key_len}, padding, {}};
     forward(mha::problems::options_view(p));
@@ -167,6 +177,16 @@ TEST_F(MaskSemantics, KeyPaddingIsNeverAnSqSkMask) {
     p.mask = padding;
     forward(mha::problems::options_view(p));
     EXPECT_EQ(output, with_key_padding);
+    // One element, and [H, Sq, Sk], broadcast as well.
+    for (const std::vector<int64_t> &shape :
+         std::vector<std::vector<int64_t>>{{1}, {d.num_heads, d.query_len, d.key_len}}) {
+        p.mask_shape = shape;
+        p.mask.assign(size_t(d.num_heads * d.query_len * d.key_len), 0);
+        p.mask[1] = 1;
+        forward(mha::problems::options_view(p));
+        EXPECT_LT(mha::reference::relative_l2(output, mha::reference::forward(p).output),
+                  mha::reference::output_tolerance(p));
+    }
 }
 
 // A boolean row blocked everywhere behaves as the seed's -1e9 (uniform weights, finite output);
@@ -254,8 +274,8 @@ TEST_F(MaskSemantics, BadMasksAreErrors) {
     o.attn_mask = mha::Tensor{floats.data(), {d.batch, d.query_len, d.key_len}};
     expect_error(o, "attn_mask has shape [3, 3, 5] but must be [6, 3, 5]");
     o = {};
-    o.additive_mask = mha::Tensor{floats.data(), {d.query_len, d.key_len}};
-    expect_error(o, "additive_mask has shape [3, 5] but must have 4 dimensions");
+    o.additive_mask = mha::Tensor{floats.data(), {1, 1, 1, d.query_len, d.key_len}};
+    expect_error(o, "additive_mask has shape [1, 1, 1, 3, 5] but must have 1 to 4 dimensions");
     o = {};
     o.key_padding_mask = mha::Tensor{nullptr, {d.batch, d.key_len}};
     expect_error(o, "key_padding_mask has a null data pointer");

@@ -71,9 +71,10 @@ using MutableBF16Tensor = TensorView<bfloat16>;
 using F16Tensor = TensorView<const float16>;
 using MutableF16Tensor = TensorView<float16>;
 
-// A byte mask of the seeds, in either convention. In a forward call it has four dimensions, each
-// 1 (broadcast) or the full extent of [B, H, Sq, Sk]: [B, 1, 1, Sk] (key padding),
-// [1, 1, Sq, Sk], [B, 1, Sq, Sk], [B, H, Sq, Sk]. A decode step's key padding is [B, capacity].
+// A byte mask of the seeds, in either convention. In a forward call it broadcasts against
+// [B, H, Sq, Sk] as the seed's masked_fill broadcasts it: any rank up to 4, right-aligned, each
+// dimension 1 or the full extent ([B, 1, 1, Sk] is a key padding, [Sq, Sk] or [H, Sq, Sk] a mask
+// of positions, [1] one for all). A decode step's key padding is [B, capacity].
 struct Mask {
     TensorView<const uint8_t> values;
     MaskConvention convention = MaskConvention::keep;
@@ -90,8 +91,8 @@ using MaskTensor = std::variant<BoolTensor, Tensor>;
 //
 // | argument | shape | element | a position is |
 // |---|---|---|---|
-// | mask | 4-D, broadcast | byte, keep or block convention | blocked: score = -1e9 |
-// | additive_mask | 4-D, broadcast | float | score + value |
+// | mask | rank <= 4, broadcast | byte, keep or block convention | blocked: score = -1e9 |
+// | additive_mask | rank <= 4, broadcast | float | score + value |
 // | key_padding_mask | [B, Sk] | bool (True = padding) or float | blocked, or score + value |
 // | attn_mask | [Sq, Sk] or [B·H, Sq, Sk] | bool (True = blocked) or float | same |
 //
@@ -99,7 +100,8 @@ using MaskTensor = std::variant<BoolTensor, Tensor>;
 // weights; PyTorch blocks with -inf and gives NaN there. Float masks are added as given: -inf
 // weighs a key exactly 0, and a row that is -inf everywhere gives NaN, as in PyTorch. When a
 // boolean and a float PyTorch mask combine, True becomes -inf, as PyTorch converts it.
-// Four-dimensional seed masks keep a [B, Sk] key padding from broadcasting as [Sq, Sk].
+// Seed masks broadcast right-aligned, so PyTorch's [B, Sk] key padding goes in key_padding_mask
+// (as a seed mask it would be read as [Sq, Sk]).
 struct ForwardOptions {
     std::optional<Mask> mask;
     std::optional<Tensor> additive_mask;  // e.g. the TF article's mask·(-1e9), BERT's extended mask
@@ -287,6 +289,73 @@ private:
     std::shared_ptr<const detail::PackedWeights> packed_;
 };
 
+// --- The attention core: F.scaled_dot_product_attention's level -------------------------------
+
+// A view with strides: `shape` and `strides` outermost first, strides in elements (zero for a
+// broadcast dimension); empty strides: row-major and contiguous. The library never owns it.
+template <typename T>
+struct StridedView {
+    T *data = nullptr;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> strides;
+};
+
+// An attention mask of any rank up to 4, broadcast against [B, H, Sq, Sk] as torch broadcasts
+// (right-aligned, each dimension 1 or the full extent, by shape or by zero strides): boolean, one
+// byte per element, in `convention` (keep: nonzero = the key takes part, as SDPA's True; block:
+// nonzero = left out, as nn.MultiheadAttention's True), or float, added to the scores.
+struct AttentionMask {
+    std::variant<StridedView<const uint8_t>, StridedView<const float>> values;
+    MaskConvention convention = MaskConvention::keep;
+};
+
+struct AttentionOptions {
+    // Of q·kᵀ; 1 / sqrt(d) unless given.
+    std::optional<float> scale;
+    std::optional<AttentionMask> mask;
+    // top_left: SDPA's is_causal (query i sees keys j <= i); bottom_right: FlashAttention's
+    // (j <= i + Sk - Sq). Key tiles no query of a tile sees are never computed.
+    Causal causal = Causal::none;
+    // A sliding window (FlashAttention's window_size; Mistral, Gemma 2): query i sees keys
+    // i + diagonal - window_left <= j <= i + diagonal + window_right, -1 leaving a side
+    // unbounded, diagonal = 0 with top_left causality and Sk - Sq otherwise. Causal attention's
+    // window_right is 0. Key tiles outside every window of a query tile are never computed.
+    int64_t window_left = -1;
+    int64_t window_right = -1;
+    // Logit soft-capping (Gemma 2): scores become softcap · tanh(score / softcap); 0: none.
+    float softcap = 0;
+    // ALiBi (FlashAttention's): [H] slopes, score of key j for query i minus
+    // slope[h] · |i + Sk - Sq - j|.
+    std::optional<StridedView<const float>> alibi_slopes;
+    // When given, [B, H, Sq]: each row's log-sum-exp of its final scores (natural log), -inf for
+    // a row that no key weighs.
+    std::optional<StridedView<float>> lse;
+};
+
+// query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> output [B, H, Sq, dv]:
+// softmax(scale · q·kᵀ, masked) · v per head, H a multiple of Hkv (query head h reads key/value
+// head h / (H / Hkv): grouped-query attention). Any layout through strides, [B, H, S, d] and
+// [B, S, H, d] alike, read in place when each row's features are contiguous (copied otherwise).
+// As F.scaled_dot_product_attention: a key a boolean mask leaves out, or a float mask adds -inf
+// to, weighs exactly 0; a query that no key weighs gets a zero output (and -inf in lse); NaN
+// reaches what it touches. 16-bit tensors are widened exactly and computed in f32, the output
+// rounded to the nearest even. Runs on the CPU; may be called from several threads at once. Bad
+// shapes, strides and options raise mha::Error naming the argument.
+void attention(const StridedView<const float> &query, const StridedView<const float> &key,
+               const StridedView<const float> &value, const StridedView<float> &output,
+               const AttentionOptions &options = {});
+void attention(const StridedView<const bfloat16> &query, const StridedView<const bfloat16> &key,
+               const StridedView<const bfloat16> &value, const StridedView<bfloat16> &output,
+               const AttentionOptions &options = {});
+void attention(const StridedView<const float16> &query, const StridedView<const float16> &key,
+               const StridedView<const float16> &value, const StridedView<float16> &output,
+               const AttentionOptions &options = {});
+// The kernel attention() runs for these arguments (checked as attention() checks them).
+std::string attention_kernel_name(const StridedView<const float> &query,
+                                  const StridedView<const float> &key,
+                                  const StridedView<const float> &value,
+                                  const AttentionOptions &options = {});
+
 // The instruction set whose f32 CPU kernels this process runs: on x86-64 "avx512", "avx2" or
 // "sse41" (the library carries all three and runs the best one the CPU supports, as Halide's
 // own target check decides it; setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that
@@ -302,14 +371,15 @@ void set_num_threads(int threads);
 // One ahead-of-time compiled kernel linked into this program.
 struct KernelInfo {
     std::string name;  // e.g. mha_forward_cpu_avx512_token_bytes_mask_fused_weights
-    std::string op;    // forward | qkv_projection | decode | average_heads
+    std::string op;    // forward | qkv_projection | decode | average_heads | attention
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
     std::string mask;  // the mask it takes: none, bytes (either convention) or additive
     bool returns_weights;
     bool fused_qkv;
-    bool causal;
+    bool causal;           // an attention kernel's: the keys a query sees bounded by a window
+    bool modified_scores;  // attention kernels: soft-capping and ALiBi
     // Of its activations and projection weights: on the CPU bf16 for the matrix engine; on GPUs
     // bf16 or f16, read as their bits and widened to f32.
     DType dtype;

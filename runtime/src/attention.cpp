@@ -1,0 +1,248 @@
+// mha::attention: a call checked (attention_params.cpp), its kernel chosen (dispatch.cpp), its
+// tensors given to the kernel where they lie when they are f32 with contiguous rows, else
+// converted through scratch memory, and the kernel run.
+#include <fmt/format.h>
+
+#include <type_traits>
+
+#include "attention_params.h"
+#include "buffers.h"
+#include "dispatch.h"
+#include "dtype.h"
+#include "halide_calls.h"
+#include "mha/mha.h"
+
+namespace mha {
+namespace detail {
+namespace {
+
+using contract::ArgId;
+
+float widen(float x) { return x; }
+float widen(bfloat16 x) { return to_float(x); }
+float widen(float16 x) { return to_float(x); }
+template <typename T>
+T narrow(float x) {
+    if constexpr (std::is_same_v<T, bfloat16>) {
+        return to_bfloat16(x);
+    } else if constexpr (std::is_same_v<T, float16>) {
+        return to_float16(x);
+    } else {
+        return x;
+    }
+}
+
+// Calls f(offset in the strided view, offset in the dense row-major one, row length, whether
+// the row's elements are contiguous) for every innermost row of `s`.
+template <typename F>
+void for_each_row(const Strided &s, F f) {
+    const int64_t n = s.shape[s.rank - 1];
+    int64_t dense = 0;
+    for (int64_t b = 0; b < (s.rank > 3 ? s.shape[s.rank - 4] : 1); b++)
+        for (int64_t h = 0; h < (s.rank > 2 ? s.shape[s.rank - 3] : 1); h++)
+            for (int64_t i = 0; i < (s.rank > 1 ? s.shape[s.rank - 2] : 1); i++, dense += n) {
+                const int64_t at = (s.rank > 3 ? b * s.strides[s.rank - 4] : 0) +
+                                   (s.rank > 2 ? h * s.strides[s.rank - 3] : 0) +
+                                   (s.rank > 1 ? i * s.strides[s.rank - 2] : 0);
+                f(at, dense, n, s.strides[s.rank - 1] == 1);
+            }
+}
+
+int64_t elements(const Strided &s) {
+    int64_t n = 1;
+    for (int d = 0; d < s.rank; d++) {
+        n *= s.shape[d];
+    }
+    return n;
+}
+
+// A view the kernel reads as f32 with contiguous rows: the caller's memory when it is that, else
+// a dense copy held for the call.
+class KernelInput {
+public:
+    template <typename T>
+    KernelInput(const T *data, const Strided &s) : strided_(s) {
+        if constexpr (std::is_same_v<T, float>) {
+            if (s.dense_rows()) {
+                data_ = data;
+                return;
+            }
+        }
+        memory_.emplace(elements(s));
+        float *dense = memory_->data();
+        for_each_row(s, [&](int64_t at, int64_t to, int64_t n, bool contiguous) {
+            if (contiguous) {
+                convert(data + at, dense + to, n);
+            } else {
+                for (int64_t c = 0; c < n; c++) {
+                    dense[to + c] = widen(data[at + c * s.strides[s.rank - 1]]);
+                }
+            }
+        });
+        data_ = dense;
+        for (int d = s.rank, stride = 1; d-- > 0; stride *= int(s.shape[d])) {
+            strided_.strides[d] = stride;
+        }
+    }
+    HostBuffer buffer() const {
+        return view_buffer(data_, halide_type_of<float>(), strided_.rank, strided_.shape.data(),
+                           strided_.strides.data());
+    }
+
+private:
+    const float *data_ = nullptr;
+    Strided strided_;
+    std::optional<ScratchFloats> memory_;
+};
+
+// The output the kernel writes, f32 with contiguous rows: the caller's memory when it is that,
+// else scratch memory that finish() converts into the caller's (none: an output the caller does
+// not take).
+template <typename T>
+class KernelOutput {
+public:
+    KernelOutput(T *data, const Strided &s) : target_(data), strided_(s), dense_(s) {
+        if constexpr (std::is_same_v<T, float>) {
+            if (data != nullptr && s.dense_rows()) {
+                data_ = data;
+                return;
+            }
+        }
+        memory_.emplace(elements(s));
+        data_ = memory_->data();
+        for (int d = s.rank, stride = 1; d-- > 0; stride *= int(s.shape[d])) {
+            dense_.strides[d] = stride;
+        }
+    }
+    HostBuffer buffer() const {
+        return view_buffer(data_, halide_type_of<float>(), dense_.rank, dense_.shape.data(),
+                           dense_.strides.data());
+    }
+    void finish() const {
+        if (!memory_ || target_ == nullptr) {
+            return;
+        }
+        const float *dense = memory_->data();
+        for_each_row(strided_, [&](int64_t at, int64_t from, int64_t n, bool contiguous) {
+            if (contiguous) {
+                convert(dense + from, target_ + at, n);
+            } else {
+                for (int64_t c = 0; c < n; c++) {
+                    target_[at + c * strided_.strides[strided_.rank - 1]] =
+                        narrow<T>(dense[from + c]);
+                }
+            }
+        });
+    }
+
+private:
+    T *target_;
+    Strided strided_, dense_;
+    float *data_ = nullptr;
+    std::optional<ScratchFloats> memory_;
+};
+
+template <typename T>
+StridedView<const void> erased(const StridedView<const T> &t) {
+    return {t.data, t.shape, t.strides};
+}
+template <typename T>
+StridedView<void> erased(const StridedView<T> &t) {
+    return {t.data, t.shape, t.strides};
+}
+
+template <typename T>
+void run_attention(const StridedView<const T> &query, const StridedView<const T> &key,
+                   const StridedView<const T> &value, const StridedView<T> &output,
+                   const AttentionOptions &options) {
+    install_runtime_hooks();
+    const AttentionParams p = check_attention(erased(query), erased(key), erased(value),
+                                              erased(output), sizeof(T), options);
+    const CompiledKernel &kernel = select_kernel(p);
+    const KernelInput q(query.data, p.query), k(key.data, p.key), v(value.data, p.value);
+    const KernelOutput<T> out(output.data, p.output);
+    const Strided lse_shape{{p.batch, p.heads, p.query_len}, {}, 3};
+    const KernelOutput<float> lse(p.has_lse ? options.lse->data : nullptr,
+                                  p.has_lse ? p.lse : lse_shape);
+    HostBuffer q_buffer = q.buffer(), k_buffer = k.buffer(), v_buffer = v.buffer();
+    HostBuffer out_buffer = out.buffer(), lse_buffer = lse.buffer();
+    ArgValues values{};
+    values[size_t(ArgId::q)] = q_buffer.raw_buffer();
+    values[size_t(ArgId::k)] = k_buffer.raw_buffer();
+    values[size_t(ArgId::v)] = v_buffer.raw_buffer();
+    values[size_t(ArgId::context)] = out_buffer.raw_buffer();
+    values[size_t(ArgId::lse)] = lse_buffer.raw_buffer();
+    float scale = p.scale, softcap = p.softcap;
+    int32_t window_start = p.window_start, window_end = p.window_end;
+    int32_t mask_blocks_nonzero = p.mask.blocks_nonzero;
+    values[size_t(ArgId::scale)] = &scale;
+    values[size_t(ArgId::softcap)] = &softcap;
+    values[size_t(ArgId::window_start)] = &window_start;
+    values[size_t(ArgId::window_end)] = &window_end;
+    values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;
+    HostBuffer mask_buffer;
+    std::vector<uint8_t> unused_bytes;
+    std::vector<float> unused_floats;
+    if (p.mask.kind != contract::MaskKind::none) {
+        mask_buffer = kernel_mask_buffer(p.mask, p.scores_shape(), unused_bytes, unused_floats);
+        const bool bytes = p.mask.kind == contract::MaskKind::bytes;
+        values[size_t(bytes ? ArgId::mask : ArgId::additive_mask)] = mask_buffer.raw_buffer();
+    }
+    // A kernel that modifies the scores takes slopes: zeros when the call has none.
+    HostBuffer slopes_buffer;
+    std::optional<ScratchFloats> zero_slopes;
+    if (p.modified_scores) {
+        const float *slopes = options.alibi_slopes ? options.alibi_slopes->data : nullptr;
+        Strided slopes_shape = p.alibi_slopes;
+        if (slopes == nullptr) {
+            zero_slopes.emplace(p.heads);
+            std::fill_n(zero_slopes->data(), p.heads, 0.0f);
+            slopes = zero_slopes->data();
+            slopes_shape = {{p.heads}, {1}, 1};
+        }
+        slopes_buffer = view_buffer(slopes, halide_type_of<float>(), 1, slopes_shape.shape.data(),
+                                    slopes_shape.strides.data());
+        values[size_t(ArgId::alibi_slopes)] = slopes_buffer.raw_buffer();
+    }
+    CallContext context;
+    call_kernel(kernel, context, values);
+    out.finish();
+    lse.finish();
+}
+
+}  // namespace
+}  // namespace detail
+
+void attention(const StridedView<const float> &query, const StridedView<const float> &key,
+               const StridedView<const float> &value, const StridedView<float> &output,
+               const AttentionOptions &options) {
+    detail::run_attention(query, key, value, output, options);
+}
+void attention(const StridedView<const bfloat16> &query, const StridedView<const bfloat16> &key,
+               const StridedView<const bfloat16> &value, const StridedView<bfloat16> &output,
+               const AttentionOptions &options) {
+    detail::run_attention(query, key, value, output, options);
+}
+void attention(const StridedView<const float16> &query, const StridedView<const float16> &key,
+               const StridedView<const float16> &value, const StridedView<float16> &output,
+               const AttentionOptions &options) {
+    detail::run_attention(query, key, value, output, options);
+}
+
+std::string attention_kernel_name(const StridedView<const float> &query,
+                                  const StridedView<const float> &key,
+                                  const StridedView<const float> &value,
+                                  const AttentionOptions &options) {
+    // The output is only checked: a view of the query's shape with dv features, never written.
+    std::vector<int64_t> shape = query.shape;
+    if (shape.size() == 4 && value.shape.size() == 4) {
+        shape[3] = value.shape[3];
+    }
+    static float unwritten;
+    const detail::AttentionParams p =
+        detail::check_attention(detail::erased(query), detail::erased(key), detail::erased(value),
+                                {&unwritten, shape, {}}, sizeof(float), options);
+    return std::string(detail::select_kernel(p).name);
+}
+
+}  // namespace mha

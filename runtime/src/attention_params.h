@@ -1,0 +1,48 @@
+// An attention call's arguments (mha::attention), checked and reduced to what chooses and feeds
+// its kernel: check_attention() reads no tensor and allocates nothing unless it throws
+// mha::Error naming the argument.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "masks.h"
+#include "mha/mha.h"
+
+namespace mha::detail {
+
+// A strided view of the library's: extents and strides (in elements) outermost first, always
+// as many as the logical shape has (a view's empty strides made row-major).
+struct Strided {
+    std::array<int64_t, kMaxRank> shape{}, strides{};
+    int rank = 0;
+    // Whether the innermost dimension is contiguous, as a kernel's buffers must be.
+    bool dense_rows() const { return rank == 0 || strides[rank - 1] == 1 || shape[rank - 1] == 1; }
+};
+
+struct AttentionParams {
+    int64_t batch, heads, kv_heads, query_len, key_len, head_dim, value_dim;  // B, H, Hkv, ...
+    Strided query, key, value, output, lse;
+    bool has_lse;
+    float scale;
+    KernelMask mask;  // the one mask the kernel reads (masks.h), [B, H, Sq, Sk] by strides
+    // Query i sees keys i + window_start <= j <= i + window_end (clamped to [-Sq, Sk]).
+    bool window;
+    int32_t window_start, window_end;
+    // Soft-capping or ALiBi: the kernels that modify the scores.
+    bool modified_scores;
+    float softcap;
+    Strided alibi_slopes;
+
+    std::array<int64_t, 4> scores_shape() const { return {batch, heads, query_len, key_len}; }
+};
+
+// Checks a call of mha::attention on views whose elements are `element_bytes` wide (every view's
+// data read as the type the caller gave).
+AttentionParams check_attention(const StridedView<const void> &query,
+                                const StridedView<const void> &key,
+                                const StridedView<const void> &value,
+                                const StridedView<void> &output, int64_t element_bytes,
+                                const AttentionOptions &options);
+
+}  // namespace mha::detail

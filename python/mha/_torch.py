@@ -1,4 +1,5 @@
-"""mha.MultiheadAttention: a drop-in for torch.nn.MultiheadAttention (inference, CPU, float32).
+"""mha.MultiheadAttention: a drop-in for torch.nn.MultiheadAttention (inference, CPU; float32,
+bfloat16 or float16 modules).
 
 The call is the custom op ``torch.ops.mha.multihead_attention`` (with a fake implementation), so
 ``torch.compile`` keeps it as one op and ``torch.export`` can export it. The weights are
@@ -34,14 +35,25 @@ def _fingerprint(tensor: Optional[Tensor]):
         return tensor.data_ptr(), None
 
 
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
 def _array(tensor: Tensor):
     """A NumPy view of a CPU tensor, copied only when it is not contiguous (NumPy's buffer
-    protocol reaches the extension faster than DLPack)."""
-    return tensor.detach().contiguous().numpy()
+    protocol reaches the extension faster than DLPack); a 16-bit float tensor as its bits."""
+    tensor = tensor.detach().contiguous()
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.view(torch.int16)
+    return tensor.numpy()
+
+
+def _f32_array(tensor: Tensor):
+    """A parameter as the float32 the extension takes weights in (16-bit ones widened, exact)."""
+    return _array(tensor.detach().float())
 
 
 def _optional_array(tensor: Optional[Tensor]):
-    return None if tensor is None else _array(tensor)
+    return None if tensor is None else _f32_array(tensor)
 
 
 def _native(module_id: int, num_heads: int, weights: tuple) -> _mha.Module:
@@ -56,10 +68,10 @@ def _native(module_id: int, num_heads: int, weights: tuple) -> _mha.Module:
     if in_proj_weight is not None:
         q_weight, k_weight, v_weight = in_proj_weight.split(embed_dim)
     biases = (None, None, None) if in_proj_bias is None else in_proj_bias.split(embed_dim)
-    native = _mha.Module(embed_dim, num_heads, _array(q_weight), _optional_array(biases[0]),
-                         _array(k_weight), _optional_array(biases[1]), _array(v_weight),
-                         _optional_array(biases[2]), _array(out_weight),
-                         _optional_array(out_bias))
+    native = _mha.Module(embed_dim, num_heads, _f32_array(q_weight), _optional_array(biases[0]),
+                         _f32_array(k_weight), _optional_array(biases[1]), _f32_array(v_weight),
+                         _optional_array(biases[2]), _f32_array(out_weight),
+                         _optional_array(out_bias), dtype=_DTYPES[out_weight.dtype])
     with _natives_lock:
         _natives[module_id] = (fingerprint, native)
     return native
@@ -79,15 +91,24 @@ def _forward(query, key, value, weights, num_heads, module_id, key_padding_mask,
              is_causal, need_weights, average_attn_weights):
     """The op's computation on real tensors."""
     native = _native(module_id, num_heads, weights)
-    output = torch.empty(query.shape[0], query.shape[1], weights[5].shape[0])
+    output = torch.empty(query.shape[0], query.shape[1], weights[5].shape[0], dtype=query.dtype)
     attention = torch.empty(_weights_shape(query, key, num_heads, need_weights,
                                            average_attn_weights))
-    native.forward(_array(query), _array(key), _array(value), output.numpy(),
-                   key_padding_mask=_optional_array(key_padding_mask),
-                   attn_mask=_optional_array(attn_mask), is_causal=is_causal,
-                   weights=attention.numpy() if need_weights else None,
-                   average_weights=average_attn_weights)
-    return output, attention
+    masks = dict(key_padding_mask=None if key_padding_mask is None else _mask_array(key_padding_mask),
+                 attn_mask=None if attn_mask is None else _mask_array(attn_mask),
+                 is_causal=is_causal, weights=attention.numpy() if need_weights else None,
+                 average_weights=average_attn_weights)
+    if query.dtype == torch.float32:
+        native.forward(_array(query), _array(key), _array(value), output.numpy(), **masks)
+    else:  # the weights come in f32, as the library returns them; torch returns its dtype
+        native.forward_bits(_array(query), _array(key), _array(value), _array(output),
+                            _DTYPES[query.dtype], **masks)
+    return output, attention.to(query.dtype)
+
+
+def _mask_array(mask: Tensor):
+    """A mask as the extension takes it: bool, or float32 (16-bit floats widened)."""
+    return _array(mask if mask.dtype in (torch.bool, torch.float32) else mask.float())
 
 
 def _traced(query: Tensor) -> bool:
@@ -122,14 +143,14 @@ def _(query, key, value, in_proj_weight, q_proj_weight, k_proj_weight, v_proj_we
     output = query.new_empty((query.shape[0], query.shape[1], out_proj_weight.shape[0]))
     weights = query.new_empty(_weights_shape(query, key, num_heads, need_weights,
                                              average_attn_weights))
-    return output, weights
+    return output, weights  # of query's dtype, as _forward returns them
 
 
-def _check_float32_cpu(name: str, tensor: Tensor) -> None:
+def _check_cpu(name: str, tensor: Tensor, dtype: torch.dtype) -> None:
     if not tensor.is_cpu:
         raise ValueError(f"mha.MultiheadAttention runs on the CPU: {name} is on {tensor.device}")
-    if tensor.dtype != torch.float32:
-        raise TypeError(f"mha.MultiheadAttention computes in float32: {name} is {tensor.dtype}")
+    if tensor.dtype != dtype:
+        raise TypeError(f"the module computes in {dtype}: {name} is {tensor.dtype}")
 
 
 def _check_mask(name: str, mask: Optional[Tensor]) -> None:
@@ -137,17 +158,18 @@ def _check_mask(name: str, mask: Optional[Tensor]) -> None:
         return
     if not mask.is_cpu:
         raise ValueError(f"{name} is on {mask.device}: mha.MultiheadAttention runs on the CPU")
-    if mask.dtype not in (torch.bool, torch.float32):
-        raise TypeError(f"{name} is {mask.dtype}: pass bool (True = not attended) or float32 "
-                        f"(added to the scores)")
+    if mask.dtype != torch.bool and mask.dtype not in _DTYPES:
+        raise TypeError(f"{name} is {mask.dtype}: pass bool (True = not attended) or a float "
+                        f"mask (added to the scores)")
 
 
 class MultiheadAttention(torch.nn.Module):
     """torch.nn.MultiheadAttention's constructor, parameters and forward, on mha's kernels.
 
-    Inference only (no autograd through the kernels), CPU, float32. Every argument has PyTorch's
-    meaning except where it raises NotImplementedError naming it: ``add_bias_kv``,
-    ``add_zero_attn``, ``dropout`` > 0 in training mode, other devices and dtypes. One difference
+    Inference only (no autograd through the kernels), CPU, in float32, bfloat16 or float16 (the
+    module's ``dtype``, as torch's; its tensors in it). Every argument has PyTorch's meaning
+    except where it raises NotImplementedError naming it: ``add_bias_kv``, ``add_zero_attn``,
+    ``dropout`` > 0 in training mode, other devices and dtypes. One difference
     remains: a query row whose every key a *bool* mask blocks gets uniform weights (blocked scores
     are -1e9) where PyTorch gives NaN. ``is_causal=True`` hides later keys with or without an
     ``attn_mask`` (PyTorch requires the mask, as a hint). Also: ``make_cache`` and ``decode`` for
@@ -167,8 +189,9 @@ class MultiheadAttention(torch.nn.Module):
             raise NotImplementedError("mha.MultiheadAttention: add_zero_attn=True is not supported")
         if device is not None and torch.device(device).type != "cpu":
             raise NotImplementedError(f"mha.MultiheadAttention: device={device} (CPU only)")
-        if dtype is not None and dtype != torch.float32:
-            raise NotImplementedError(f"mha.MultiheadAttention: dtype={dtype} (float32 only)")
+        if dtype is not None and dtype not in _DTYPES:
+            raise NotImplementedError(f"mha.MultiheadAttention: dtype={dtype} (float32, bfloat16 "
+                                      f"or float16)")
         if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads != 0:
             raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim = embed_dim
@@ -179,21 +202,22 @@ class MultiheadAttention(torch.nn.Module):
         self.dropout = dropout
         self.batch_first = batch_first
         self.head_dim = embed_dim // num_heads
+        kind = dict(dtype=dtype or torch.float32)
         if self._qkv_same_embed_dim:
-            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+            self.in_proj_weight = torch.nn.Parameter(torch.empty(3 * embed_dim, embed_dim, **kind))
             self.register_parameter("q_proj_weight", None)
             self.register_parameter("k_proj_weight", None)
             self.register_parameter("v_proj_weight", None)
         else:
-            self.q_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, embed_dim))
-            self.k_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.kdim))
-            self.v_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.vdim))
+            self.q_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, embed_dim, **kind))
+            self.k_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.kdim, **kind))
+            self.v_proj_weight = torch.nn.Parameter(torch.empty(embed_dim, self.vdim, **kind))
             self.register_parameter("in_proj_weight", None)
         if bias:
-            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * embed_dim))
+            self.in_proj_bias = torch.nn.Parameter(torch.empty(3 * embed_dim, **kind))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **kind)
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
         self._reset_parameters()
@@ -230,7 +254,7 @@ class MultiheadAttention(torch.nn.Module):
             raise NotImplementedError("mha.MultiheadAttention: add_zero_attn=True is not supported")
         copy = cls(module.embed_dim, module.num_heads, dropout=module.dropout,
                    bias=module.in_proj_bias is not None, kdim=module.kdim, vdim=module.vdim,
-                   batch_first=module.batch_first)
+                   batch_first=module.batch_first, dtype=module.out_proj.weight.dtype)
         copy.load_state_dict(module.state_dict())
         return copy.train(module.training)
 
@@ -247,8 +271,9 @@ class MultiheadAttention(torch.nn.Module):
         if self.training and self.dropout > 0:
             raise NotImplementedError(
                 f"mha.MultiheadAttention: dropout={self.dropout} in training mode (call .eval())")
+        dtype = self.out_proj.weight.dtype
         for name, tensor in (("query", query), ("key", key), ("value", value)):
-            _check_float32_cpu(name, tensor)
+            _check_cpu(name, tensor, dtype)
         _check_mask("key_padding_mask", key_padding_mask)
         _check_mask("attn_mask", attn_mask)
         if query.dim() not in (2, 3) or key.dim() != query.dim() or value.dim() != query.dim():
@@ -289,16 +314,19 @@ class MultiheadAttention(torch.nn.Module):
         new ones up to itself, as forward() with is_causal over the whole sequence would.
         ``key_padding_mask`` [B, capacity] (bool, True = hidden) hides cache positions;
         ``new_tokens`` says how many of the n each row appends (default: all)."""
-        _check_float32_cpu("tokens", tokens)
+        _check_cpu("tokens", tokens, self.out_proj.weight.dtype)
         if tokens.dim() == 3 and not self.batch_first:
             tokens = tokens.transpose(0, 1)
         tokens = tokens.detach().contiguous()
         output = torch.empty_like(tokens)
         native = _native(self._module_id, self.num_heads, self._weights())
-        native.decode(tokens.numpy(), cache, output.numpy(),
-                      key_padding_mask=None if key_padding_mask is None
-                      else _array(key_padding_mask.to(torch.bool)),
-                      new_tokens=list(new_tokens))
+        step = dict(key_padding_mask=None if key_padding_mask is None
+                    else _array(key_padding_mask.to(torch.bool)), new_tokens=list(new_tokens))
+        if tokens.dtype == torch.float32:
+            native.decode(_array(tokens), cache, output.numpy(), **step)
+        else:
+            native.decode_bits(_array(tokens), cache, _array(output), _DTYPES[tokens.dtype],
+                               **step)
         if not self.batch_first:
             output = output.transpose(0, 1).contiguous()
         return output

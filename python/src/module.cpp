@@ -52,6 +52,91 @@ mha::Linear linear(const FloatArray &weight, const std::optional<FloatArray> &bi
     return {tensor(weight), optional_tensor(bias)};
 }
 
+// A 16-bit array's bits (bfloat16 or float16, as `dtype` says), contiguous.
+using BitsArray = nb::ndarray<const int16_t, nb::c_contig, nb::device::cpu>;
+using MutableBitsArray = nb::ndarray<int16_t, nb::c_contig, nb::device::cpu>;
+
+mha::DType dtype_named(const std::string &name) {
+    if (name == "f32")
+        return mha::DType::f32;
+    if (name == "bf16")
+        return mha::DType::bf16;
+    if (name == "f16")
+        return mha::DType::f16;
+    throw nb::type_error(("dtype " + name + " is none of f32, bf16, f16").c_str());
+}
+
+// Calls f(element) with the 16-bit element type `dtype` names.
+template <typename F>
+void with_16_bits(const std::string &dtype, F f) {
+    if (dtype_named(dtype) == mha::DType::bf16)
+        f(mha::bfloat16{});
+    else if (dtype_named(dtype) == mha::DType::f16)
+        f(mha::float16{});
+    else
+        throw nb::type_error("16-bit arrays take dtype bf16 or f16");
+}
+
+template <typename T, typename Array>
+mha::TensorView<T> bits_view(const Array &array) {
+    return {reinterpret_cast<T *>(array.data()), shape_of(array)};
+}
+
+mha::ForwardOptions forward_options(const std::optional<MaskArray> &key_padding_mask,
+                                    const std::optional<MaskArray> &attn_mask, bool is_causal,
+                                    const std::optional<MutableFloatArray> &weights,
+                                    bool average_weights) {
+    mha::ForwardOptions options;
+    options.key_padding_mask = mask_tensor(key_padding_mask, "key_padding_mask");
+    options.attn_mask = mask_tensor(attn_mask, "attn_mask");
+    options.causal = is_causal ? mha::Causal::top_left : mha::Causal::none;
+    if (weights)
+        options.weights = mutable_tensor(*weights);
+    options.average_weights = average_weights;
+    return options;
+}
+
+std::optional<mha::Mask> decode_padding(
+    const std::optional<nb::ndarray<const bool, nb::c_contig, nb::device::cpu>> &mask) {
+    if (!mask)
+        return std::nullopt;
+    return mha::Mask{{reinterpret_cast<const uint8_t *>(mask->data()), shape_of(*mask)},
+                     mha::MaskConvention::block};
+}
+
+// An array of any strides (NumPy gives them in bytes, nanobind in elements).
+using StridedArray = nb::ndarray<nb::device::cpu>;
+
+template <typename T, typename Array>
+mha::StridedView<T> strided(const Array &array) {
+    std::vector<int64_t> strides(array.ndim());
+    for (size_t i = 0; i < array.ndim(); i++)
+        strides[i] = int64_t(array.stride(i));
+    return {static_cast<T *>(array.data()), shape_of(array), strides};
+}
+
+// mha::attention on arrays of `dtype` ("f32", or "bf16"/"f16" given as their 16-bit bits).
+void attention(const StridedArray &query, const StridedArray &key, const StridedArray &value,
+               const StridedArray &output, const std::string &dtype,
+               const mha::AttentionOptions &options) {
+    const auto run = [&](auto element) {
+        using T = decltype(element);
+        for (const StridedArray *a : {&query, &key, &value, &output}) {
+            if (a->itemsize() != sizeof(T))
+                throw nb::type_error(("arrays of " + dtype + " must have elements of " +
+                                      std::to_string(sizeof(T)) + " bytes")
+                                         .c_str());
+        }
+        nb::gil_scoped_release released;
+        mha::attention(strided<const T>(query), strided<const T>(key), strided<const T>(value),
+                       strided<T>(output), options);
+    };
+    if (dtype_named(dtype) == mha::DType::f32)
+        run(float{});
+    else
+        with_16_bits(dtype, run);
+}
+
 }  // namespace
 
 NB_MODULE(_mha, m) {
@@ -61,6 +146,48 @@ NB_MODULE(_mha, m) {
     m.def("set_num_threads", &mha::set_num_threads, nb::arg("threads"),
           "The CPU kernels' threads (0: HL_NUM_THREADS, else one per core). Call it while no "
           "call runs.");
+
+    m.def(
+        "attention",
+        [](const StridedArray &query, const StridedArray &key, const StridedArray &value,
+           const StridedArray &output, const std::string &dtype,
+           const std::optional<StridedArray> &mask, std::optional<float> scale, int causal,
+           int64_t window_left, int64_t window_right, float softcap,
+           const std::optional<StridedArray> &alibi_slopes,
+           const std::optional<StridedArray> &lse) {
+            mha::AttentionOptions options;
+            options.scale = scale;
+            if (mask) {
+                if (mask->dtype() == nb::dtype<bool>())
+                    options.mask = mha::AttentionMask{strided<const uint8_t>(*mask)};
+                else if (mask->dtype() == nb::dtype<float>())
+                    options.mask = mha::AttentionMask{strided<const float>(*mask)};
+                else
+                    throw nb::type_error("mask must be bool or float32");
+            }
+            options.causal = static_cast<mha::Causal>(causal);
+            options.window_left = window_left;
+            options.window_right = window_right;
+            options.softcap = softcap;
+            if (alibi_slopes) {
+                if (alibi_slopes->dtype() != nb::dtype<float>())
+                    throw nb::type_error("alibi_slopes must be float32");
+                options.alibi_slopes = strided<const float>(*alibi_slopes);
+            }
+            if (lse) {
+                if (lse->dtype() != nb::dtype<float>())
+                    throw nb::type_error("lse must be float32");
+                options.lse = strided<float>(*lse);
+            }
+            attention(query, key, value, output, dtype, options);
+        },
+        nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("output"), nb::arg("dtype"),
+        nb::arg("mask").none() = nb::none(), nb::arg("scale").none() = nb::none(),
+        nb::arg("causal") = 0, nb::arg("window_left") = -1, nb::arg("window_right") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(),
+        "mha::attention: query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> "
+        "output [B, H, Sq, dv], any strides; causal 0 none, 1 top-left, 2 bottom-right.");
 
     nb::class_<mha::KvCache>(m, "KvCache",
                              "Projected keys and values of the tokens a decoder has seen.")
@@ -79,15 +206,18 @@ NB_MODULE(_mha, m) {
                const FloatArray &q_weight, const std::optional<FloatArray> &q_bias,
                const FloatArray &k_weight, const std::optional<FloatArray> &k_bias,
                const FloatArray &v_weight, const std::optional<FloatArray> &v_bias,
-               const FloatArray &out_weight, const std::optional<FloatArray> &out_bias) {
+               const FloatArray &out_weight, const std::optional<FloatArray> &out_bias,
+               const std::string &dtype) {
                 new (self) mha::MultiHeadAttention(
                     embed_dim, num_heads, linear(q_weight, q_bias), linear(k_weight, k_bias),
-                    linear(v_weight, v_bias), linear(out_weight, out_bias));
+                    linear(v_weight, v_bias), linear(out_weight, out_bias), mha::Device::cpu,
+                    dtype_named(dtype));
             },
             nb::arg("embed_dim"), nb::arg("num_heads"), nb::arg("q_weight"),
             nb::arg("q_bias").none(), nb::arg("k_weight"), nb::arg("k_bias").none(),
             nb::arg("v_weight"), nb::arg("v_bias").none(), nb::arg("out_weight"),
-            nb::arg("out_bias").none())
+            nb::arg("out_bias").none(), nb::arg("dtype") = "f32",
+            "A module of `dtype` (f32, bf16, f16), its weights given in f32 (rounded to it).")
         .def_prop_ro("embed_dim", &mha::MultiHeadAttention::embed_dim)
         .def_prop_ro("num_heads", &mha::MultiHeadAttention::num_heads)
         .def_prop_ro("kdim", &mha::MultiHeadAttention::kdim)
@@ -99,13 +229,8 @@ NB_MODULE(_mha, m) {
                const std::optional<MaskArray> &key_padding_mask,
                const std::optional<MaskArray> &attn_mask, bool is_causal,
                const std::optional<MutableFloatArray> &weights, bool average_weights) {
-                mha::ForwardOptions options;
-                options.key_padding_mask = mask_tensor(key_padding_mask, "key_padding_mask");
-                options.attn_mask = mask_tensor(attn_mask, "attn_mask");
-                options.causal = is_causal ? mha::Causal::top_left : mha::Causal::none;
-                if (weights)
-                    options.weights = mutable_tensor(*weights);
-                options.average_weights = average_weights;
+                const mha::ForwardOptions options = forward_options(
+                    key_padding_mask, attn_mask, is_causal, weights, average_weights);
                 nb::gil_scoped_release released;
                 self.forward(tensor(query), tensor(key), tensor(value), mutable_tensor(output),
                              options);
@@ -116,6 +241,27 @@ NB_MODULE(_mha, m) {
             nb::arg("weights").none() = nb::none(), nb::arg("average_weights") = true,
             "query [B, Sq, E], key [B, Sk, kdim], value [B, Sk, vdim] -> output [B, Sq, E] "
             "and, when given, weights [B, Sq, Sk] (averaged) or [B, H, Sq, Sk].")
+        .def(
+            "forward_bits",
+            [](const mha::MultiHeadAttention &self, const BitsArray &query, const BitsArray &key,
+               const BitsArray &value, const MutableBitsArray &output, const std::string &dtype,
+               const std::optional<MaskArray> &key_padding_mask,
+               const std::optional<MaskArray> &attn_mask, bool is_causal,
+               const std::optional<MutableFloatArray> &weights, bool average_weights) {
+                const mha::ForwardOptions options = forward_options(
+                    key_padding_mask, attn_mask, is_causal, weights, average_weights);
+                with_16_bits(dtype, [&](auto element) {
+                    using T = decltype(element);
+                    nb::gil_scoped_release released;
+                    self.forward(bits_view<const T>(query), bits_view<const T>(key),
+                                 bits_view<const T>(value), bits_view<T>(output), options);
+                });
+            },
+            nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("output"), nb::arg("dtype"),
+            nb::arg("key_padding_mask").none() = nb::none(),
+            nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false,
+            nb::arg("weights").none() = nb::none(), nb::arg("average_weights") = true,
+            "forward() on bf16 or f16 arrays given as their bits; the weights in f32.")
         .def("make_cache", &mha::MultiHeadAttention::make_cache, nb::arg("batch"),
              nb::arg("capacity"))
         .def(
@@ -125,12 +271,7 @@ NB_MODULE(_mha, m) {
                const std::optional<nb::ndarray<const bool, nb::c_contig, nb::device::cpu>>
                    &key_padding_mask,
                const std::vector<int64_t> &new_tokens) {
-                std::optional<mha::Mask> padding;
-                if (key_padding_mask)
-                    padding =
-                        mha::Mask{{reinterpret_cast<const uint8_t *>(key_padding_mask->data()),
-                                   shape_of(*key_padding_mask)},
-                                  mha::MaskConvention::block};
+                const std::optional<mha::Mask> padding = decode_padding(key_padding_mask);
                 nb::gil_scoped_release released;
                 self.decode(tensor(tokens), cache, mutable_tensor(output), padding, new_tokens);
             },
@@ -138,6 +279,25 @@ NB_MODULE(_mha, m) {
             nb::arg("key_padding_mask").none() = nb::none(),
             nb::arg("new_tokens") = std::vector<int64_t>{},
             "One decode step: tokens [B, n, E] appended to the cache -> output [B, n, E].")
+        .def(
+            "decode_bits",
+            [](const mha::MultiHeadAttention &self, const BitsArray &tokens, mha::KvCache &cache,
+               const MutableBitsArray &output, const std::string &dtype,
+               const std::optional<nb::ndarray<const bool, nb::c_contig, nb::device::cpu>>
+                   &key_padding_mask,
+               const std::vector<int64_t> &new_tokens) {
+                const std::optional<mha::Mask> padding = decode_padding(key_padding_mask);
+                with_16_bits(dtype, [&](auto element) {
+                    using T = decltype(element);
+                    nb::gil_scoped_release released;
+                    self.decode(bits_view<const T>(tokens), cache, bits_view<T>(output), padding,
+                                new_tokens);
+                });
+            },
+            nb::arg("tokens"), nb::arg("cache"), nb::arg("output"), nb::arg("dtype"),
+            nb::arg("key_padding_mask").none() = nb::none(),
+            nb::arg("new_tokens") = std::vector<int64_t>{},
+            "decode() on bf16 or f16 arrays given as their bits.")
         .def(
             "kernel_name",
             [](const mha::MultiHeadAttention &self, const FloatArray &query, const FloatArray &key,

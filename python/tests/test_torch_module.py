@@ -199,3 +199,27 @@ def test_decode_matches_causal_forward(seed):
     assert cache.lengths == [9, 9]
     torch.testing.assert_close(torch.cat([prompt, *steps], dim=1), expected, atol=2e-5,
                                rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_sixteen_bit_modules_match_float32_on_the_rounded_values(seed, dtype):
+    """A module of a 16-bit dtype takes and returns tensors of it, and computes what a float32
+    module computes on its rounded weights and inputs (to the 16-bit output's rounding; bf16 on a
+    CPU with AMX rounds the products' operands too: 1e-2)."""
+    theirs = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    ours = mha.MultiheadAttention.from_torch(theirs.to(dtype))
+    assert ours.in_proj_weight.dtype == dtype
+    x = torch.randn(2, 9, 64).to(dtype)
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[1, 6:] = True
+    output, weights = ours(x, x, x, key_padding_mask=padding)
+    assert output.dtype == dtype and weights.dtype == dtype
+    want, want_weights = theirs.float()(x.float(), x.float(), x.float(), key_padding_mask=padding)
+    error = ((output.float() - want).norm() / want.norm()).item()
+    assert error < 1e-2
+    assert ((weights.float() - want_weights).norm() / want_weights.norm()).item() < 1e-2
+    cache = ours.make_cache(2, 16)
+    step = ours.decode(x[:, :4], cache)
+    assert step.dtype == dtype and cache.lengths == [4, 4]
+    with pytest.raises(TypeError, match="query is torch.float32"):
+        ours(x.float(), x.float(), x.float())

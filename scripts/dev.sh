@@ -11,6 +11,10 @@
 #                                      build and run the benchmark comparison against OpenBLAS,
 #                                      PyTorch and ONNX Runtime (in .venv-torch), ours also through
 #                                      the Python package; writes a table and a plot (PNG)
+#   scripts/dev.sh bench-attention [sdpa_compare.py options]
+#                                      build the Python package and time the attention core
+#                                      against F.scaled_dot_product_attention (and generate()
+#                                      of a small Llama on each); writes a table and a plot
 #   scripts/dev.sh stmt KERNEL         write Halide's HTML statement view and assembly of one
 #                                      kernel (names: build/cli/mha --list-kernels)
 #   scripts/dev.sh cross arm64 [ctest options]
@@ -168,6 +172,15 @@ case "$command" in
         "$torch_venv/bin/python" "$root/bench/compare.py" --bench "$build/bench/mha_bench" \
             --out "$build/bench/comparison.md" --plot "$build/bench/comparison.png" "$@"
         ;;
+    bench-attention)
+        install_debian_packages
+        install_venv "$venv" "${python_requirements[@]}"
+        configure_and_build
+        install_python_package
+        mkdir -p "$build/bench"
+        "$torch_venv/bin/python" "$root/bench/sdpa_compare.py" --out "$build/bench/attention.md" \
+            --plot "$build/bench/attention.png" "$@"
+        ;;
     stmt)  # scripts/dev.sh stmt mha_forward_cpu_avx512_medium_none_mask_fused
         [ $# -eq 1 ] || { echo "usage: scripts/dev.sh stmt KERNEL" >&2; exit 2; }
         install_debian_packages
@@ -204,7 +217,7 @@ case "$command" in
             "$fuzz/corpus" "$root/tests/fuzz/corpus"
         ;;
     *)
-        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | build | stmt KERNEL | fuzz [libFuzzer options] | cross arm64 | gpu-bundle" >&2
+        echo "usage: scripts/dev.sh run [mha options] | test [ctest options] | tune [mha-tune options] | bench [options] | bench-attention [options] | build | stmt KERNEL | fuzz [libFuzzer options] | cross arm64 | gpu-bundle" >&2
         exit 2
         ;;
 esac

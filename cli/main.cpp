@@ -167,19 +167,24 @@ int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
                mha::dispatched_isa());
-    // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi.
-    fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} arguments\n", "name",
-               "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts", "scores");
+    // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi;
+    // rows: the query rows per head an attention kernel is for.
+    fmt::print("{:<76} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
+               "name", "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts",
+               "scores", "rows");
     for (const mha::KernelInfo &k : kernels) {
         const bool forward = k.op == "forward";
-        fmt::print("{:<70} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {}\n", k.name,
-                   mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
+        fmt::print("{:<76} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} {}\n",
+                   k.name, mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
                    mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","), k.mask,
                    k.causal ? "yes" : "no",
                    !forward      ? "-"
                    : k.fused_qkv ? "fused"
                                  : "separate",
                    k.returns_weights ? "yes" : "no", k.modified_scores ? "capped" : "-",
+                   k.op != "attention" ? "-"
+                   : k.single_query    ? "1"
+                                       : "any",
                    fmt::join(k.arguments, ", "));
     }
     return 0;

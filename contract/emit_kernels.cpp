@@ -70,7 +70,8 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
         return name;
     }
     if (v.op == KernelOp::attention) {
-        return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "");
+        return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "") +
+               (v.single_query ? "_one_query" : "");
     }
     return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
            (v.returns_weights ? "_weights" : "") +
@@ -87,8 +88,9 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
         params += " mask_kind=" + std::string(mask_kind_name(v.mask));
     }
     if (v.op == KernelOp::attention) {
-        params +=
-            " window=" + bool_name(v.causal) + " modified_scores=" + bool_name(v.modified_scores);
+        params += " window=" + bool_name(v.causal) +
+                  " modified_scores=" + bool_name(v.modified_scores) +
+                  " single_query=" + bool_name(v.single_query);
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +
@@ -288,7 +290,7 @@ std::string variant_initializer(const KernelVariant &v) {
            ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
            bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + ", " +
-           bool_name(v.modified_scores) + "}";
+           bool_name(v.modified_scores) + ", " + bool_name(v.single_query) + "}";
 }
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the

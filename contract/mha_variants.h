@@ -313,11 +313,14 @@ struct KernelVariant {
     // Attention kernels: the scores soft-capped and ALiBi's biases added (a run-time softcap of
     // 0 and slopes of 0 leave them as they are).
     bool modified_scores = false;
+    // Attention kernels: one query row per head (a decode step's), K and V read where they lie;
+    // a copy of them into the layout that tiles of many rows want would cost more than the step.
+    bool single_query = false;
 
     constexpr bool operator==(const KernelVariant &o) const {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype &&
-               modified_scores == o.modified_scores;
+               modified_scores == o.modified_scores && single_query == o.single_query;
     }
     // Which CPU instruction sets compile it: forward kernels those of their dtype, the others
     // the f32 ones.
@@ -343,9 +346,10 @@ struct KernelVariant {
 // dtype (bf16 for the CPU's matrix engine and GPUs, f16 for GPUs). A decode step (causal within
 // its new tokens by definition): one fused QKV projection, and an attention with a byte
 // key-padding mask over the cache or none. The weights averaged over heads. The attention core:
-// every mask kind x within a window or not x modified scores or not, in f32.
-inline constexpr std::array<KernelVariant, 88> kKernelVariants = [] {
-    std::array<KernelVariant, 88> all{};
+// every mask kind x within a window or not x modified scores or not x one query row or any, in
+// f32.
+inline constexpr std::array<KernelVariant, 100> kKernelVariants = [] {
+    std::array<KernelVariant, 100> all{};
     size_t n = 0;
     for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
@@ -366,7 +370,10 @@ inline constexpr std::array<KernelVariant, 88> kKernelVariants = [] {
     for (MaskKind mask : kMaskKinds) {
         for (bool window : {false, true}) {
             for (bool modified : {false, true}) {
-                all[n++] = {KernelOp::attention, mask, false, false, window, DType::f32, modified};
+                for (bool single : {false, true}) {
+                    all[n++] = {KernelOp::attention, mask,     false, false, window,
+                                DType::f32,          modified, single};
+                }
             }
         }
     }

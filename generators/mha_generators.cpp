@@ -423,6 +423,8 @@ public:
     GeneratorParam<bool> window{"window", false};
     // Soft-capping and ALiBi (their run-time values may leave the scores as they are).
     GeneratorParam<bool> modified_scores{"modified_scores", false};
+    // One query row per head (a decode step); K and V are then read where they lie.
+    GeneratorParam<bool> single_query{"single_query", false};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     mha::contract::KernelVariant variant() const {
@@ -432,7 +434,8 @@ public:
                 false,
                 window,
                 mha::DType::f32,
-                modified_scores};
+                modified_scores,
+                single_query};
     }
     void configure() { args_.declare(*this, variant(), get_target()); }
 
@@ -442,7 +445,12 @@ public:
         GeneratorInput<Buffer<>> &values = args_.input(ArgId::v);
         query_len_ = q.dim(1).extent();
         num_keys_ = k.dim(1).extent();
-        const Expr d = q.dim(0).extent(), dv = values.dim(0).extent();
+        head_dim_ = q.dim(0).extent();
+        value_dim_ = values.dim(0).extent();
+        if (single_query) {
+            q.dim(1).set_bounds(0, 1);
+        }
+        const Expr d = head_dim_, dv = value_dim_;
         const Expr Sq = query_len_, Sk = num_keys_;
         // Whole tiles read past the last query, key and value feature: the edges repeat.
         Func q_heads("q_heads");
@@ -482,7 +490,7 @@ public:
             in.visible_keys = Func("visible_keys");
             in.visible_keys(v.i) = clamp(v.i + args_.scalar(ArgId::window_end) + 1, 0, Sk);
             in.masks.key_block = get_target().natural_vector_size<float>();
-            in.query_block = params.pv_rows;
+            in.query_block = single_query ? 1 : params.pv_rows;
         }
         if (modified_scores) {
             in.masks.softcap = args_.scalar(ArgId::softcap);
@@ -501,8 +509,13 @@ public:
     void schedule() {
         const mha::StageVars &v = v_;
         const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
-        mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
-                                     num_keys_, mask_keys_dense_, false, params, query_len_ == 1);
+        if (single_query) {
+            mha::cpu::schedule_single_query_attention(v, core_, context_and_lse_, head_dim_,
+                                                      value_dim_, mask_keys_dense_, params);
+        } else {
+            mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
+                                         num_keys_, mask_keys_dense_, false, params);
+        }
         Var hb("hb");
         Func context = args_.output(ArgId::context), lse = args_.output(ArgId::lse);
         context.compute_root()
@@ -516,7 +529,7 @@ private:
     ContractArguments args_;
     mha::StageVars v_;
     Func k_heads_{"k_heads"}, v_heads_{"v_heads"}, context_and_lse_{"context_and_lse"};
-    Expr query_len_, num_keys_, mask_keys_dense_;
+    Expr query_len_, num_keys_, head_dim_, value_dim_, mask_keys_dense_;
     mha::CoreStages core_;
 };
 

@@ -7,6 +7,7 @@
 // Only the pipeline's outputs are written with guarded tails.
 #pragma once
 
+#include <algorithm>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -188,8 +189,7 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
                                             MaskedSoftmax &sm, Halide::Func owner,
                                             const Halide::Var &task_loop,
                                             const Halide::Var &tile_loop, int qk_rows,
-                                            const ScheduleParams &sp,
-                                            const Halide::Expr &single_query = Halide::Expr()) {
+                                            const ScheduleParams &sp) {
     using namespace Halide;
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
@@ -204,9 +204,6 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
             .unroll(ji)
             .unroll(qii);
     };
-    if (single_query.defined()) {  // one query row: register tiles of one row
-        tile(score_tiles.specialize(single_query), 1);
-    }
     tile(score_tiles, qk_rows);
     schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {scores.c.x}, vec);
     schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
@@ -345,16 +342,13 @@ struct AttentionTiles {
 // softmax.weights is the pipeline's weights output, written once, and weights·V reads it back.
 // `context_tiles` is what the pipeline reads of the context (a wrapper of core.context.result, or
 // a Func of it and the softmax's row statistics): computed at root in register tiles, in
-// merged-head order. `k_heads` and `v_heads` are copied here (compute_root). With
-// `single_query` (a condition on the call), the calls with one query row (a decode step) get
-// tiles of one row, not register tiles of rows that repeat it.
+// merged-head order. `k_heads` and `v_heads` are copied here (compute_root).
 inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
                                          Halide::Func context_tiles, Halide::Func k_heads,
                                          Halide::Func v_heads, const Halide::Expr &query_len,
                                          const Halide::Expr &num_keys,
                                          const Halide::Expr &mask_keys_dense,
-                                         bool weights_are_output, const ScheduleParams &sp,
-                                         const Halide::Expr &single_query = Halide::Expr()) {
+                                         bool weights_are_output, const ScheduleParams &sp) {
     using namespace Halide;
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
@@ -413,9 +407,6 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
             fork_over_cores(stage, task, sp);
         }
     };
-    if (single_query.defined()) {
-        tile(context_tiles.specialize(single_query), 1, 1);
-    }
     tile(context_tiles, sp.attention_rows, sp.pv_rows);
     // Causal: the keys of one block (j.y) inside the block loop (j.x), whose bound is the row
     // tile's (CausalBlocks).
@@ -441,7 +432,7 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
     }
 
     const Func score_tiles = schedule_attention_tile(v, core.scores, sm, tile_owner, task_loop,
-                                                     tile_loop, sp.qk_rows, sp, single_query);
+                                                     tile_loop, sp.qk_rows, sp);
     // A task's tiles reuse one tile's worth of storage.
     for (Func tile_buffer : {score_tiles, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
         tile_buffer.fold_storage(v.i, sp.attention_rows);
@@ -453,6 +444,63 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
         tile_owner.specialize(mask_keys_dense);
     }
     return {tile_owner, task_loop, tile_loop};
+}
+
+// The attention core for one query row per head (a decode step), reading K and V where they lie:
+// for one row, the copies of schedule_attention would cost three times the reads of the step.
+// Per (batch row, head) task: each score a dot product along the head's features, vectorized
+// across them (rfactor) and summed across the lanes once, kInFlightKeys keys at a time; the
+// masked softmax in per-row buffers; weights·V over the visible keys, vectorized over the
+// features, in register tiles of up to 8 vectors. The head sizes of today's models (64, 128,
+// 256) get loops in which the features' clamps and tail predicates fold away; other sizes
+// (clamped, gathered) tiles of one vector.
+inline void schedule_single_query_attention(
+    const StageVars &v, CoreStages &core, Halide::Func context_tiles, const Halide::Expr &head_dim,
+    const Halide::Expr &value_dim, const Halide::Expr &mask_keys_dense, const ScheduleParams &sp) {
+    using namespace Halide;
+    constexpr int kInFlightKeys = 4;
+    const std::vector<int> model_head_dims = {64, 128, 256};
+    const int vec = sp.vector_lanes;
+    const auto whole = TailStrategy::RoundUp;
+    Var co("co"), ci("ci"), jo("jo"), ji("ji"), lane("lane");
+    RVar rco("rco"), rci("rci");
+    context_tiles.compute_root();
+    const auto tile = [&](Stage stage, int cols) {
+        stage.split(v.c, co, ci, cols, whole)
+            .reorder(ci, co, v.i, v.h, v.b)
+            .vectorize(ci, vec)
+            .unroll(ci);
+        // Heads and batch rows are separate parallel loops (see schedule_attention).
+        fork_over_cores(stage, v.h, sp, LoopWork::streaming);
+        fork_over_cores(stage, v.b, sp, LoopWork::streaming);
+    };
+    for (int d : model_head_dims) {
+        tile(context_tiles.specialize(head_dim == d && value_dim == d), std::min(d, 8 * vec));
+    }
+    tile(context_tiles, vec);
+    const std::vector<RVar> keys = core.softmax.causal
+                                       ? std::vector<RVar>{core.context.j.y, core.context.j.x}
+                                       : std::vector<RVar>{core.context.j.x};
+    schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
+
+    // Q·Kᵀ: the lanes of each key's partial sums over the features, then their sum.
+    Func dot = core.scores.dot;
+    dot.store_at(context_tiles, v.i).compute_at(context_tiles, v.i);
+    Func partial = dot.update().split(core.scores.c.x, rco, rci, vec).rfactor(rci, lane);
+    dot.update()
+        .split(v.j, jo, ji, kInFlightKeys, whole)
+        .reorder(rci, ji, jo)
+        .atomic()
+        .vectorize(rci)
+        .unroll(ji);
+    partial.compute_at(dot, jo).reorder_storage(lane, v.j).vectorize(lane).unroll(v.j);
+    partial.update().reorder(lane, v.j, rco).vectorize(lane).unroll(v.j);
+    MaskedSoftmax &sm = core.softmax;
+    sm.weights.compute_at(context_tiles, v.i).vectorize(v.j, vec, whole);
+    schedule_softmax_tile(v, sm, context_tiles, v.i, v.i, sp);
+    if (mask_keys_dense.defined()) {
+        context_tiles.specialize(mask_keys_dense);
+    }
 }
 
 // The forward pass: projections as register-tiled GEMMs around the attention core

@@ -53,6 +53,7 @@ const CompiledKernel &select_kernel(const AttentionParams &p) {
     v.mask = p.mask.kind;                   // none, bytes (either convention) or additive
     v.causal = p.window;                    // a causal order or a sliding window, or both
     v.modified_scores = p.modified_scores;  // soft-capping or ALiBi
+    v.single_query = p.query_len == 1;      // a decode step: K and V read where they lie
     v.dtype = DType::f32;                   // 16-bit tensors are widened to it
     const CompiledKernel *kernel =
         find_kernel(component_for(Device::cpu), int(cpu_isa()), p.batch * p.query_len, v);

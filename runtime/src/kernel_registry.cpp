@@ -65,6 +65,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.variant.fused_qkv,
                             kernel.variant.causal,
                             kernel.variant.modified_scores,
+                            kernel.variant.single_query,
                             kernel.variant.dtype,
                             {}};
             if (kernel.buckets == contract::kAllBuckets) {

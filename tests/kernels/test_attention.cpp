@@ -196,6 +196,35 @@ std::vector<Case> cases() {
         c.alibi = true;
         c.layout = Layout::heads_inner;
     }));
+    // One query row per head (the single-query kernels, which read K and V where they lie):
+    // head sizes off and on whole vectors, values of another size, every mask form, a decode
+    // step's orders and windows, modified scores, transformers' layout and 16 bits.
+    const AttentionShape kStep{2, 8, 2, 1, 1031, 64, 64};
+    for (int64_t d : {17, 128, 256}) {
+        all.push_back(make_case("step_head_dim_" + std::to_string(d), {1, 4, 2, 1, 67, d, d}));
+    }
+    all.push_back(make_case("step_value_dim_differs", {1, 2, 1, 1, 19, 24, 40}));
+    all.push_back(make_case("step_one_key", {3, 2, 2, 1, 1, 16, 16}));
+    all.push_back(make_case("step_long_cache", kStep));
+    all.push_back(make_case("step_padding", kStep, [](Case &c) {
+        c.mask_shape = {2, 1, 1, 1031};
+    }));
+    all.push_back(make_case("step_float_mask_per_head", kStep, [](Case &c) {
+        c.mask_shape = {8, 1, 1031};
+        c.mask_is_bool = false;
+    }));
+    all.push_back(make_case("step_window_heads_inner", kStep, [](Case &c) {
+        c.causal = Causal::bottom_right;
+        c.window_left = 100;
+        c.layout = Layout::heads_inner;
+    }));
+    all.push_back(make_case("step_softcap_alibi_padding", kStep, [](Case &c) {
+        c.mask_shape = {2, 1, 1, 1031};
+        c.causal = Causal::bottom_right;
+        c.softcap = 0.5;
+        c.alibi = true;
+    }));
+    all.push_back(make_case("step_bf16", kStep, [](Case &c) { c.dtype = DType::bf16; }));
     // 16-bit tensors.
     for (DType dtype : {DType::bf16, DType::f16}) {
         const std::string name = dtype == DType::bf16 ? "bf16" : "f16";
@@ -248,6 +277,21 @@ TEST(AttentionSemantics, RowsNoKeyWeighsAreZero) {
                                                                      mha::testing::next_seed());
     early.causal = Causal::bottom_right;
     expect_matches_reference(early);
+
+    // A decode step (the single-query kernels) whose batch row 1 keeps no key.
+    AttentionProblem step = mha::problems::random_attention_problem({2, 2, 1, 1, 33, 16, 16},
+                                                                    mha::testing::next_seed());
+    mha::problems::add_random_attention_mask(step, true, {2, 1, 1, 33}, mha::testing::next_seed());
+    for (int64_t j = 0; j < 33; j++) {
+        step.bools[33 + j] = 0;
+    }
+    expect_matches_reference(step);
+    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer);
+    for (int64_t n = 2 * 16; n < 4 * 16; n++) {
+        EXPECT_EQ(step_got.output[n], 0.0f) << "element " << n;
+    }
+    EXPECT_EQ(step_got.lse[2], -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(step_got.lse[3], -std::numeric_limits<float>::infinity());
 }
 
 // NaN reaches what it touches: a NaN query makes its row NaN; a NaN key every row that sees it.
@@ -262,6 +306,15 @@ TEST(AttentionSemantics, NanPropagatesAsInSdpa) {
         ASSERT_EQ(std::isnan(got.output[n]), std::isnan(want.output[n])) << "element " << n;
     }
     EXPECT_TRUE(std::isnan(got.output[7 * 32]));
+
+    // One query row: a NaN key makes the rows of its head NaN, and only those.
+    AttentionProblem step = mha::problems::random_attention_problem({1, 4, 2, 1, 29, 16, 16},
+                                                                    mha::testing::next_seed());
+    step.key[(1 * 29 + 11) * 16 + 2] = std::nanf("");  // key head 1 (query heads 2, 3), key 11
+    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer);
+    for (int64_t h = 0; h < 4; h++) {
+        EXPECT_EQ(std::isnan(step_got.output[h * 16]), h >= 2) << "head " << h;
+    }
 }
 
 }  // namespace

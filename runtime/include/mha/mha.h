@@ -380,6 +380,7 @@ struct KernelInfo {
     bool fused_qkv;
     bool causal;           // an attention kernel's: the keys a query sees bounded by a window
     bool modified_scores;  // attention kernels: soft-capping and ALiBi
+    bool single_query;     // attention kernels: for one query row per head (Sq = 1) only
     // Of its activations and projection weights: on the CPU bf16 for the matrix engine; on GPUs
     // bf16 or f16, read as their bits and widened to f32.
     DType dtype;

@@ -3,10 +3,10 @@ interleaved rounds, medians, both on the same threads.
 
     .venv-torch/bin/python bench/sdpa_compare.py --out build/bench/sdpa.md --plot build/bench/sdpa.png
 
-Tables: prefill (S 512-4096, d 64 and 128, causal or not, grouped-query heads, f32 and bf16);
-a sliding window of 512 at S = 4096 against our own full causal; one query against caches of
-512-8192 keys; generate() tokens/s of a small random Llama with attn_implementation "mha"
-against "sdpa". FLOPs count 4·Sq·Sk·d per head (Q·Kᵀ and weights·V), halved when causal.
+Tables: the ceilings (GEMM, streaming read) measured in the same run; prefill (S 512-4096, d 64
+and 128, causal or not, grouped-query heads, f32 and bf16); a sliding window of 512 at S = 4096
+against our own full causal; one query against caches of 512-8192 keys; generate() tokens/s of
+a small random Llama with attn_implementation "mha" against "sdpa". FLOPs count 4·Sq·Sk·d per head (Q·Kᵀ and weights·V), halved when causal.
 """
 import argparse
 import statistics
@@ -121,6 +121,21 @@ def generate_rows(args):
     return [(new_tokens / t["mha"], new_tokens / t["sdpa"], t["sdpa"] / t["mha"])]
 
 
+def ceilings(args):
+    """The floors' rates, measured in the same run: PyTorch's sgemm (and bf16 GEMM) at 2048³ in
+    GFLOP/s, and a streaming read (the sum of 256 MiB of f32) in GB/s."""
+    n = 2048
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        t = interleaved({"mm": lambda: torch.mm(a, b)}, args.rounds, args.min_time)["mm"]
+        rows.append((f"{str(dtype).split('.')[1]} GEMM {n}³ GFLOP/s", 2 * n**3 / t / 1e9))
+    x = torch.randn(64 * 1024 * 1024)
+    t = interleaved({"sum": lambda: x.sum()}, args.rounds, args.min_time)["sum"]
+    rows.append(("streaming read GB/s", x.numel() * 4 / t / 1e9))
+    return rows
+
+
 def table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -142,6 +157,7 @@ def main():
     mha.set_num_threads(args.threads)
     prefill = prefill_rows(args)
     sections = [
+        "Ceilings, measured in this run:\n\n" + table(["what", "rate"], ceilings(args)),
         f"Prefill, B = 1, H = 8, Hkv = 2 ({args.threads} threads, medians of {args.rounds} "
         f"interleaved rounds):\n\n" + table(
             ["dtype", "d", "S", "causal", "ours ms", "ours GFLOP/s", "torch ms", "× torch"],

@@ -504,6 +504,10 @@ public:
             Tuple(core_.context.result(v.c, v.i, v.h, v.b), core_.softmax.lse(v.i, v.h, v.b));
         args_.output(ArgId::context)(v.c, v.i, v.h, v.b) = context_and_lse_(v.c, v.i, v.h, v.b)[0];
         args_.output(ArgId::lse)(v.i, v.h, v.b) = context_and_lse_(0, v.i, v.h, v.b)[1];
+        // Rows from 0, as every caller's buffers: a register tile's rows are then known to lie
+        // in one query block (CausalBlocks), whose key range is computed once per tile.
+        args_.output(ArgId::context).dim(1).set_min(0);
+        args_.output(ArgId::lse).dim(0).set_min(0);
     }
 
     void schedule() {

@@ -445,15 +445,15 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
             max_visible = max_key < end;
             sum_visible = sum_key < end;
         }
-        // Read clamped to the visible keys, so that bounds inference asks for no score outside
-        // them (a predicate on a block bound does not narrow the region it asks for; one on the
-        // key itself does).
+        // Bounds inference takes the key of a block bound by a predicate on the block to be
+        // any key; promised to lie in the visible blocks (as the predicates ensure), the reads
+        // ask for their scores only, and stay dense vector loads (a clamp makes them gathers).
+        // Blocks of one key (GPU schedules) read as they are.
         if (block > 1) {
-            const Expr last = max(end - 1, first);
-            max_key = masks.first_visible.defined() ? clamp(max_key, first, last)
-                                                    : min(max_key, max(end - 1, 0));
-            sum_key = masks.first_visible.defined() ? clamp(sum_key, first, last)
-                                                    : min(sum_key, max(end - 1, 0));
+            const Expr lowest = first / block * block;
+            const Expr highest = max((end + block - 1) / block * block - 1, lowest);
+            max_key = unsafe_promise_clamped(max_key, lowest, highest);
+            sum_key = unsafe_promise_clamped(sum_key, lowest, highest);
         }
     }
     const bool shared = scores.for_max.name() == scores.for_weights.name();
@@ -531,13 +531,22 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
         a.j = Halide::RDom({{0, (num_keys + kb - 1) / kb}, {0, kb}}, "values_j");
         const Halide::Expr blocks = (causal.visible_keys(v.i / qb * qb + qb - 1) + kb - 1) / kb;
         a.j.where(a.j.x < blocks);
-        // Clamped to the visible blocks, which the predicates already ensure: bounds inference
-        // then asks for no weight outside them (see masked_softmax).
-        key = kb > 1 ? Halide::min(a.j.x * kb + a.j.y, Halide::max(blocks * kb - 1, 0)) : a.j.x;
+        // Promised to lie in the visible blocks, as the predicates ensure: bounds inference then
+        // asks for no weight outside them, and the key stays a plain index (a clamp would be
+        // recomputed for every key of the register tile; see masked_softmax).
+        Halide::Expr first_key = 0;
         if (causal.first_visible.defined()) {
             const Halide::Expr first_block = causal.first_visible(v.i / qb * qb) / kb;
             a.j.where(a.j.x >= first_block);
-            key = Halide::max(key, first_block * kb);
+            first_key = first_block * kb;
+        }
+        // Blocks of one key (GPU schedules) keep the block's bounds: their register tiles need
+        // constant extents.
+        if (kb > 1) {
+            key = Halide::unsafe_promise_clamped(a.j.x * kb + a.j.y, first_key,
+                                                 Halide::max(blocks * kb - 1, 0));
+        } else if (causal.first_visible.defined()) {
+            key = Halide::max(key, first_key);
         }
     }
     a.result(v.c, v.i, v.h, v.b) = 0.0f;

@@ -232,12 +232,14 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             }
         }
         // The decode steps' and the averaging kernels serve every size, with the parameters of the
-        // smallest bucket (a step's new tokens are few); the attention kernels with those of the
-        // largest (the long sequences where attention, not projections, takes the time).
+        // smallest bucket (a step's new tokens are few); the attention kernels with their own
+        // (ScheduleParams::attention_defaults).
+        const mha::cpu::ScheduleParams attention =
+            mha::cpu::ScheduleParams::attention_defaults(isa);
         for (const KernelVariant &v : kKernelVariants) {
             if (v.op != KernelOp::forward && v.compiled_for(isa)) {
                 const auto &params =
-                    v.op == KernelOp::attention ? groups.back().second : groups.front().second;
+                    v.op == KernelOp::attention ? attention : groups.front().second;
                 rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),
                                 mha::Device::cpu, int(i), kAllBuckets, v,
                                 with_kernel_features(isa.halide_target), params.to_string()});

@@ -28,6 +28,11 @@ struct ScheduleParams {
     // weights·V register tile: pv_vectors of head features x pv_rows queries.
     int pv_vectors = 2;
     int pv_rows = 4;
+    // Keys the tile's rows take in turn: Q·Kᵀ's columns of keys, and weights·V's blocks of
+    // shared_keys keys, each used by every row of the tile while in L1 (weights·V then adds its
+    // blocks into the tile's context in memory). 0: each register tile's rows run over all the
+    // keys, which read K and V once per qk_rows or pv_rows rows.
+    int shared_keys = 0;
     // 1: normalized softmax weights are computed per tile; 0: folded into weights·V.
     int materialize_weights = 1;
     // Which loops run on every core: 2 all (tiles, heads, batch rows), 1 those that stream
@@ -36,7 +41,7 @@ struct ScheduleParams {
     int parallel = 2;
 
     using Field = int ScheduleParams::*;
-    static constexpr std::array<std::pair<std::string_view, Field>, 11> kTunables = {{
+    static constexpr std::array<std::pair<std::string_view, Field>, 12> kTunables = {{
         {"proj_vectors", &ScheduleParams::proj_vectors},
         {"proj_rows", &ScheduleParams::proj_rows},
         {"proj_block_tiles", &ScheduleParams::proj_block_tiles},
@@ -46,6 +51,7 @@ struct ScheduleParams {
         {"qk_rows", &ScheduleParams::qk_rows},
         {"pv_vectors", &ScheduleParams::pv_vectors},
         {"pv_rows", &ScheduleParams::pv_rows},
+        {"shared_keys", &ScheduleParams::shared_keys},
         {"materialize_weights", &ScheduleParams::materialize_weights},
         {"parallel", &ScheduleParams::parallel},
     }};
@@ -58,6 +64,22 @@ struct ScheduleParams {
             p.proj_rows = 12;
             p.qk_rows = 8;
             p.pv_rows = 8;
+        }
+        return p;
+    }
+
+    // The attention kernels' (F.scaled_dot_product_attention's level), which the tuner, timing
+    // the forward pass, never sees: their calls are the long sequences whose K and V outgrow L2,
+    // so tiles of many query rows share each block of keys (bench/RESULTS.md measures them).
+    static ScheduleParams attention_defaults(const contract::CpuIsa &isa) {
+        ScheduleParams p = defaults(isa);
+        p.shared_keys = 256;
+        if (isa.vector_registers >= 32) {
+            p.attention_rows = 48;
+            p.qk_vectors = 4;
+            p.qk_rows = 6;
+        } else {
+            p.attention_rows = 32;
         }
         return p;
     }
@@ -124,7 +146,12 @@ struct ScheduleParams {
             if (largest > 0 && (this->*f < 0 || this->*f > largest)) {
                 return std::string(name) + " must be 0 to " + std::to_string(largest);
             }
-            if (largest == 0 && this->*f < 1) {
+            if (name == "shared_keys") {
+                if (shared_keys < 0 || shared_keys % vector_lanes != 0) {
+                    return "shared_keys must be 0 or a positive multiple of " +
+                           std::to_string(vector_lanes) + " (a causal key block)";
+                }
+            } else if (largest == 0 && this->*f < 1) {
                 return std::string(name) + " must be positive";
             }
         }

@@ -184,7 +184,8 @@ inline void schedule_softmax_tile(const StageVars &v, MaskedSoftmax &sm, Halide:
 
 // The attention tile computed at `tile_loop` of `owner` (its buffers stored at `task_loop`):
 // Q·Kᵀ for the tile's query rows against every key, in register tiles of qk_vectors x
-// `qk_rows`; the masked softmax (schedule_softmax_tile). Returns the Q·Kᵀ tile buffer.
+// `qk_rows` (with shared_keys, each column of keys taken by all the tile's rows while in L1);
+// the masked softmax (schedule_softmax_tile). Returns the Q·Kᵀ tile buffer.
 inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &scores,
                                             MaskedSoftmax &sm, Halide::Func owner,
                                             const Halide::Var &task_loop,
@@ -195,17 +196,16 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
     const auto whole = TailStrategy::RoundUp;
     Func score_tiles = scores.dot.in();
     Var jo("jo"), ji("ji"), qio("qio"), qii("qii");
+    const bool shared = sp.shared_keys > 0;
     score_tiles.store_at(owner, task_loop).compute_at(owner, tile_loop);
-    const auto tile = [&](Stage stage, int rows) {
-        stage.split(v.j, jo, ji, vec * sp.qk_vectors, whole)
-            .split(v.i, qio, qii, rows, whole)
-            .reorder(ji, qii, jo, qio)
-            .vectorize(ji, vec)
-            .unroll(ji)
-            .unroll(qii);
-    };
-    tile(score_tiles, qk_rows);
-    schedule_register_tile(scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {scores.c.x}, vec);
+    score_tiles.split(v.j, jo, ji, vec * sp.qk_vectors, whole)
+        .split(v.i, qio, qii, qk_rows, whole)
+        .reorder(ji, qii, shared ? qio : jo, shared ? jo : qio)
+        .vectorize(ji, vec)
+        .unroll(ji)
+        .unroll(qii);
+    schedule_register_tile(scores.dot, LoopLevel(score_tiles, shared ? qio : jo), v.j, v.i,
+                           {scores.c.x}, vec);
     schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
     return score_tiles;
 }
@@ -330,6 +330,36 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     }
 }
 
+// weights·V of an attention tile computed at `tile_loop` of `owner`, in blocks of shared_keys keys:
+// per block, register tiles of pv_vectors x pv_rows (the block's partial sums, an rfactor over
+// the blocks) for every row of the tile while the block's values stay in L1, added to the tile's
+// context in memory.
+inline void schedule_key_blocked_values(const StageVars &v, AttendValues &context, bool causal,
+                                        Halide::Func owner, const Halide::Var &tile_loop,
+                                        const ScheduleParams &sp) {
+    using namespace Halide;
+    const int vec = sp.vector_lanes;
+    const auto whole = TailStrategy::RoundUp;
+    // Causal rows count keys in blocks of one vector (CausalBlocks): j.x runs over those.
+    const int per_block = causal ? sp.shared_keys / vec : sp.shared_keys;
+    RVar block("block"), in_block("in_block");
+    Var block_index("block_index"), co("co"), ci("ci"), io("io"), ii("ii");
+    Func tile = context.result;
+    Func partial =
+        tile.update().split(context.j.x, block, in_block, per_block).rfactor(block, block_index);
+    tile.compute_at(owner, tile_loop).vectorize(v.c, vec, whole);
+    tile.update()
+        .split(v.c, co, ci, vec * sp.pv_vectors, whole)
+        .split(v.i, io, ii, sp.pv_rows, whole)
+        .reorder(ci, ii, io, co, block)
+        .vectorize(ci, vec)
+        .unroll(ci)
+        .unroll(ii);
+    const std::vector<RVar> keys =
+        causal ? std::vector<RVar>{context.j.y, in_block} : std::vector<RVar>{in_block};
+    schedule_register_tile(partial, LoopLevel(tile, io), v.c, v.i, keys, vec);
+}
+
 // Where the attention core's tile buffers live: the loops of a task and of its tiles, of `owner`.
 struct AttentionTiles {
     Halide::Func owner;
@@ -413,7 +443,12 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
     const std::vector<RVar> keys = core.softmax.causal
                                        ? std::vector<RVar>{core.context.j.y, core.context.j.x}
                                        : std::vector<RVar>{core.context.j.x};
-    schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
+    if (sp.shared_keys == 0) {
+        schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys,
+                               vec);
+    } else {
+        schedule_key_blocked_values(v, core.context, core.softmax.causal, context_tiles, iot, sp);
+    }
 
     // Scores and softmax live in tile buffers allocated once per task: per attention tile of
     // weights·V, or per row block of the weights output when the caller asked for the weights.

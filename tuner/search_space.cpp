@@ -15,12 +15,13 @@ SearchSpace::SearchSpace(const contract::CpuIsa &isa)
     values_ = {{"proj_vectors", vectors},
                {"proj_rows", {2, 3, 4, 6, 8, 12, 14}},
                {"proj_block_tiles", {4, 8, 16, 32, 64}},
-               {"attention_rows", {4, 8, 12, 16, 24}},
+               {"attention_rows", {4, 8, 12, 16, 24, 32, 48}},
                {"tasks_per_head", {1, 2, 4, 8}},
                {"qk_vectors", vectors},
                {"qk_rows", {1, 2, 3, 4, 6, 8, 12}},
                {"pv_vectors", vectors},
                {"pv_rows", {1, 2, 3, 4, 6, 8, 12}},
+               {"shared_keys", {0, 128, 256, 512}},
                {"materialize_weights", {0, 1}},
                {"parallel", {0, 1, 2}}};
     // A matrix engine's kernels are tile products (projections, Q·Kᵀ, weights·V) in 16 x 16

@@ -452,9 +452,29 @@ public:
         }
         const Expr d = head_dim_, dv = value_dim_;
         const Expr Sq = query_len_, Sk = num_keys_;
+        const Expr heads = q.dim(2).extent(), kv_heads = k.dim(2).extent();
+        const Expr group = heads / kv_heads;
+        // One query per head: the core's rows are then the `group` query heads that share a
+        // key/value head, so that each K and V row is read once for all of them (whole tiles of
+        // rows past the group repeat the last head). `position` is the query row of the core's
+        // row v.i, `query_head` its head; `query_of` reads a function of (key, query row, head,
+        // batch row) at the core's rows.
+        const auto query_head = [&](const Expr &row, const Expr &head) {
+            return single_query ? clamp(head * group + row, 0, heads - 1) : head;
+        };
+        const Expr position = single_query ? Expr(0) : Expr(v.i);
+        const auto query_of = [&](const Func &f) {
+            if (!single_query) {
+                return f;
+            }
+            Func per_row(f.name() + "_per_row");
+            per_row(v.j, v.i, v.h, v.b) = f(v.j, position, query_head(v.i, v.h), v.b);
+            return per_row;
+        };
         // Whole tiles read past the last query, key and value feature: the edges repeat.
         Func q_heads("q_heads");
-        q_heads(v.c, v.s, v.h, v.b) = q(v.c, clamp(v.s, 0, Sq - 1), v.h, v.b);
+        q_heads(v.c, v.s, v.h, v.b) =
+            q(v.c, single_query ? Expr(0) : clamp(v.s, 0, Sq - 1), query_head(v.s, v.h), v.b);
         k_heads_(v.c, v.s, v.h, v.b) = k(v.c, clamp(v.s, 0, Sk - 1), v.h, v.b);
         v_heads_(v.c, v.s, v.h, v.b) =
             values(clamp(v.c, 0, dv - 1), clamp(v.s, 0, Sk - 1), v.h, v.b);
@@ -463,10 +483,13 @@ public:
         in.k_heads = k_heads_;
         in.v_heads = v_heads_;
         in.head_dim = d;
-        in.query_len = Sq;
+        core_rows_ = single_query ? group : Sq;
+        in.query_len = core_rows_;
         in.num_keys = Sk;
-        in.kv_heads = k.dim(2).extent();
-        in.kv_group = q.dim(2).extent() / k.dim(2).extent();
+        in.kv_heads = kv_heads;
+        if (!single_query) {
+            in.kv_group = group;
+        }
         in.scale = args_.scalar(ArgId::scale);
         in.masks.blocked = mha::BlockedKeys::left_out;
         if (mask_kind != mha::contract::MaskKind::none) {
@@ -475,7 +498,7 @@ public:
                 args_.input(bytes ? ArgId::mask : ArgId::additive_mask);
             mask.dim(0).set_stride(Expr());  // broadcasts along any dimension, keys included
             mask_keys_dense_ = mask.dim(0).stride() == 1;
-            Func extended = BoundaryConditions::repeat_edge(mask, {{0, Sk}, {0, Sq}});
+            Func extended = query_of(BoundaryConditions::repeat_edge(mask, {{0, Sk}, {0, Sq}}));
             if (bytes) {
                 in.masks.blocking = extended;
                 in.masks.blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
@@ -486,24 +509,26 @@ public:
         const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
         if (window) {
             in.first_visible = Func("first_visible");
-            in.first_visible(v.i) = clamp(v.i + args_.scalar(ArgId::window_start), 0, Sk);
+            in.first_visible(v.i) = clamp(position + args_.scalar(ArgId::window_start), 0, Sk);
             in.visible_keys = Func("visible_keys");
-            in.visible_keys(v.i) = clamp(v.i + args_.scalar(ArgId::window_end) + 1, 0, Sk);
+            in.visible_keys(v.i) = clamp(position + args_.scalar(ArgId::window_end) + 1, 0, Sk);
             in.masks.key_block = get_target().natural_vector_size<float>();
             in.query_block = single_query ? 1 : params.pv_rows;
         }
         if (modified_scores) {
             in.masks.softcap = args_.scalar(ArgId::softcap);
-            in.masks.alibi_slopes = args_.input(ArgId::alibi_slopes);
-            in.masks.alibi_diagonal = Sk - Sq;
+            in.masks.alibi_slope = args_.input(ArgId::alibi_slopes)(query_head(v.i, v.h));
+            in.masks.query_position = position + Sk - Sq;
         }
         core_ = mha::define_attention_core(v, in);
         // The context and the rows' log-sum-exp come out of one loop nest: the row statistics
         // live in its tiles.
         context_and_lse_(v.c, v.i, v.h, v.b) =
             Tuple(core_.context.result(v.c, v.i, v.h, v.b), core_.softmax.lse(v.i, v.h, v.b));
-        args_.output(ArgId::context)(v.c, v.i, v.h, v.b) = context_and_lse_(v.c, v.i, v.h, v.b)[0];
-        args_.output(ArgId::lse)(v.i, v.h, v.b) = context_and_lse_(0, v.i, v.h, v.b)[1];
+        const Expr row = single_query ? clamp(v.h % group, 0, group - 1) : Expr(v.i);
+        const Expr head = single_query ? clamp(v.h / group, 0, kv_heads - 1) : Expr(v.h);
+        args_.output(ArgId::context)(v.c, v.i, v.h, v.b) = context_and_lse_(v.c, row, head, v.b)[0];
+        args_.output(ArgId::lse)(v.i, v.h, v.b) = context_and_lse_(0, row, head, v.b)[1];
         // Rows from 0, as every caller's buffers: a register tile's rows are then known to lie
         // in one query block (CausalBlocks), whose key range is computed once per tile.
         args_.output(ArgId::context).dim(1).set_min(0);
@@ -514,8 +539,9 @@ public:
         const mha::StageVars &v = v_;
         const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
         if (single_query) {
-            mha::cpu::schedule_single_query_attention(v, core_, context_and_lse_, head_dim_,
-                                                      value_dim_, mask_keys_dense_, params);
+            mha::cpu::schedule_single_query_attention(v, core_, context_and_lse_, core_rows_,
+                                                      head_dim_, value_dim_, mask_keys_dense_,
+                                                      params);
         } else {
             mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
                                          num_keys_, mask_keys_dense_, false, params);
@@ -533,7 +559,7 @@ private:
     ContractArguments args_;
     mha::StageVars v_;
     Func k_heads_{"k_heads"}, v_heads_{"v_heads"}, context_and_lse_{"context_and_lse"};
-    Expr query_len_, num_keys_, head_dim_, value_dim_, mask_keys_dense_;
+    Expr query_len_, num_keys_, head_dim_, value_dim_, mask_keys_dense_, core_rows_;
     mha::CoreStages core_;
 };
 

@@ -344,8 +344,9 @@ enum class BlockedKeys { score_minus_1e9, left_out };
 // visible ones skipped whole: a schedule vectorizes across a block (rfactor) while the loop over
 // blocks still starts and stops where the row does.
 // Before the masks the scores may be modified: soft-capped to softcap · tanh(s / softcap) (Gemma
-// 2; `softcap` undefined: never, 0 at run time: not), then ALiBi's -slope(h) · |i + diagonal - j|
-// added (`alibi_slopes` (h) undefined: none).
+// 2; `softcap` undefined: never, 0 at run time: not), then ALiBi's -slope · |position - j| added
+// (`alibi_slope` undefined: none), the slope and the query's position among the keys expressions
+// of the row v.i and the head v.h.
 struct ScoreMasks {
     Halide::Func blocking;
     Halide::Expr blocks_nonzero;
@@ -353,8 +354,7 @@ struct ScoreMasks {
     Halide::Expr first_visible, visible_keys;
     int key_block = 1;
     Halide::Expr softcap;
-    Halide::Func alibi_slopes;
-    Halide::Expr alibi_diagonal;
+    Halide::Expr alibi_slope, query_position;
     BlockedKeys blocked = BlockedKeys::score_minus_1e9;
 };
 
@@ -396,9 +396,8 @@ inline MaskedSoftmax masked_softmax(const StageVars &v, const ScoreSources &scor
             score = select(masks.softcap > 0.0f, masks.softcap * vector_tanh(score / masks.softcap),
                            score);
         }
-        if (masks.alibi_slopes.defined()) {
-            const Expr distance = cast<float>(abs(v.i + masks.alibi_diagonal - v.j));
-            score -= masks.alibi_slopes(v.h) * distance;
+        if (masks.alibi_slope.defined()) {
+            score -= masks.alibi_slope * cast<float>(abs(masks.query_position - v.j));
         }
         if (masks.additive.defined()) {
             score += masks.additive(v.j, v.i, v.h, v.b);

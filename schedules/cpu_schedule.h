@@ -481,58 +481,81 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
     return {tile_owner, task_loop, tile_loop};
 }
 
-// The attention core for one query row per head (a decode step), reading K and V where they lie:
+// The attention core for one query per head (a decode step), reading K and V where they lie:
 // for one row, the copies of schedule_attention would cost three times the reads of the step.
-// Per (batch row, head) task: each score a dot product along the head's features, vectorized
-// across them (rfactor) and summed across the lanes once, kInFlightKeys keys at a time; the
-// masked softmax in per-row buffers; weights·V over the visible keys, vectorized over the
-// features, in register tiles of up to 8 vectors. The head sizes of today's models (64, 128,
-// 256) get loops in which the features' clamps and tail predicates fold away; other sizes
-// (clamped, gathered) tiles of one vector.
-inline void schedule_single_query_attention(
-    const StageVars &v, CoreStages &core, Halide::Func context_tiles, const Halide::Expr &head_dim,
-    const Halide::Expr &value_dim, const Halide::Expr &mask_keys_dense, const ScheduleParams &sp) {
+// Its rows are the query heads that share a key/value head (`rows` of them, the generator's
+// fold), taken kRowTile at a time, so that each K and V row read serves the whole tile; tasks
+// are (row tile, key/value head, batch row). Each score a dot product along the head's
+// features, vectorized across them (rfactor) and summed across the lanes once, for a few keys
+// of every row at a time; the masked softmax in per-row buffers; weights·V over the visible
+// keys, vectorized over the features. Both register tiles hold pv_vectors x pv_rows
+// accumulators. The head sizes of today's models (64, 128, 256) get loops in which the
+// features' clamps and tail predicates fold away; other sizes (clamped, gathered) tiles of one
+// vector. One row (no grouped heads) keeps tiles of one row.
+inline void schedule_single_query_attention(const StageVars &v, CoreStages &core,
+                                            Halide::Func context_tiles, const Halide::Expr &rows,
+                                            const Halide::Expr &head_dim,
+                                            const Halide::Expr &value_dim,
+                                            const Halide::Expr &mask_keys_dense,
+                                            const ScheduleParams &sp) {
     using namespace Halide;
-    constexpr int kInFlightKeys = 4;
+    constexpr int kRowTile = 4;
     const std::vector<int> model_head_dims = {64, 128, 256};
-    const int vec = sp.vector_lanes;
+    const int vec = sp.vector_lanes, accumulators = sp.pv_vectors * sp.pv_rows;
     const auto whole = TailStrategy::RoundUp;
-    Var co("co"), ci("ci"), jo("jo"), ji("ji"), lane("lane");
+    Var co("co"), ci("ci"), io("io"), ii("ii"), jo("jo"), ji("ji"), lane("lane");
     RVar rco("rco"), rci("rci");
     context_tiles.compute_root();
-    const auto tile = [&](Stage stage, int cols) {
+    const auto tile = [&](Stage stage, int cols, int tile_rows) {
         stage.split(v.c, co, ci, cols, whole)
-            .reorder(ci, co, v.i, v.h, v.b)
+            .split(v.i, io, ii, tile_rows, whole)
+            .reorder(ci, ii, co, io, v.h, v.b)
             .vectorize(ci, vec)
-            .unroll(ci);
-        // Heads and batch rows are separate parallel loops (see schedule_attention).
+            .unroll(ci)
+            .unroll(ii);
+        // Row tiles, heads and batch rows are separate parallel loops (see schedule_attention).
+        fork_over_cores(stage, io, sp, LoopWork::streaming);
         fork_over_cores(stage, v.h, sp, LoopWork::streaming);
         fork_over_cores(stage, v.b, sp, LoopWork::streaming);
     };
+    const int tile_vectors = std::max(1, accumulators / kRowTile);
+    Stage grouped = context_tiles.specialize(rows > 1);
     for (int d : model_head_dims) {
-        tile(context_tiles.specialize(head_dim == d && value_dim == d), std::min(d, 8 * vec));
+        const Expr model = head_dim == d && value_dim == d;
+        tile(grouped.specialize(model), std::min(d, tile_vectors * vec), kRowTile);
     }
-    tile(context_tiles, vec);
+    tile(grouped, vec, kRowTile);
+    for (int d : model_head_dims) {
+        tile(context_tiles.specialize(head_dim == d && value_dim == d), std::min(d, 8 * vec), 1);
+    }
+    tile(context_tiles, vec, 1);
     const std::vector<RVar> keys = core.softmax.causal
                                        ? std::vector<RVar>{core.context.j.y, core.context.j.x}
                                        : std::vector<RVar>{core.context.j.x};
     schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
 
-    // Q·Kᵀ: the lanes of each key's partial sums over the features, then their sum.
+    // Q·Kᵀ: the lanes of each key's partial sums over the features, then their sum; the keys in
+    // flight fill the accumulators of a tile of kRowTile rows (one row takes as many keys).
+    const int keys_in_flight = tile_vectors;
     Func dot = core.scores.dot;
-    dot.store_at(context_tiles, v.i).compute_at(context_tiles, v.i);
+    dot.store_at(context_tiles, io).compute_at(context_tiles, io);
     Func partial = dot.update().split(core.scores.c.x, rco, rci, vec).rfactor(rci, lane);
     dot.update()
-        .split(v.j, jo, ji, kInFlightKeys, whole)
-        .reorder(rci, ji, jo)
+        .split(v.j, jo, ji, keys_in_flight, whole)
+        .reorder(rci, ji, v.i, jo)
         .atomic()
         .vectorize(rci)
-        .unroll(ji);
-    partial.compute_at(dot, jo).reorder_storage(lane, v.j).vectorize(lane).unroll(v.j);
-    partial.update().reorder(lane, v.j, rco).vectorize(lane).unroll(v.j);
+        .unroll(ji)
+        .unroll(v.i);
+    partial.compute_at(dot, jo)
+        .reorder_storage(lane, v.j, v.i)
+        .vectorize(lane)
+        .unroll(v.j)
+        .unroll(v.i);
+    partial.update().reorder(lane, v.j, v.i, rco).vectorize(lane).unroll(v.j).unroll(v.i);
     MaskedSoftmax &sm = core.softmax;
-    sm.weights.compute_at(context_tiles, v.i).vectorize(v.j, vec, whole);
-    schedule_softmax_tile(v, sm, context_tiles, v.i, v.i, sp);
+    sm.weights.compute_at(context_tiles, io).vectorize(v.j, vec, whole);
+    schedule_softmax_tile(v, sm, context_tiles, io, io, sp);
     if (mask_keys_dense.defined()) {
         context_tiles.specialize(mask_keys_dense);
     }

@@ -224,6 +224,17 @@ std::vector<Case> cases() {
         c.softcap = 0.5;
         c.alibi = true;
     }));
+    // The query heads sharing a key/value head are the rows of the single-query kernels' tiles:
+    // groups of 3 (rows past the group in a tile) and of 6 (one key/value head for all).
+    all.push_back(
+        make_case("step_group_of_3_per_head_mask_alibi", {2, 9, 3, 1, 77, 80, 80}, [](Case &c) {
+            c.mask_shape = {9, 1, 77};
+            c.alibi = true;
+        }));
+    all.push_back(make_case("step_multi_query_window", {2, 6, 1, 1, 45, 32, 32}, [](Case &c) {
+        c.causal = Causal::bottom_right;
+        c.window_left = 20;
+    }));
     all.push_back(make_case("step_bf16", kStep, [](Case &c) { c.dtype = DType::bf16; }));
     // 16-bit tensors.
     for (DType dtype : {DType::bf16, DType::f16}) {

@@ -81,6 +81,11 @@ constexpr std::string_view cpu_arch_name(CpuArch arch) {
 
 inline constexpr std::array kCpuArches = {CpuArch::x86_64, CpuArch::arm64};
 
+// How an instruction set's bf16 kernels multiply: tile products on the matrix engine (x86 AMX,
+// whose tile state a process must ask Linux for), or vdpbf16ps dot products of pairs of bf16
+// values into f32 vector lanes (AVX512_BF16), in the same tiles and the same weight layout.
+enum class Bf16Products { none, amx_tiles, dot_pairs };
+
 // One set of CPU kernels. The runtime runs the first one of its architecture this CPU supports
 // (asking Halide's own target check, through a probe kernel built for all of them), capped by
 // MHA_CPU_ISA.
@@ -93,10 +98,11 @@ struct CpuIsa {
     // schedules/tuned/<name>.json must exist (mha-tune writes it); an untuned instruction set
     // reads it when present, and the schedule's defaults for its registers otherwise.
     bool tuned;
-    // What its forward kernels take: f32, or bf16 on a matrix engine (whose other stages run in
+    // What its forward kernels take: f32, or bf16 as tile products (whose other stages run in
     // f32 as on the f32 instruction set below it). A module runs the best instruction set of
     // its dtype the CPU supports; one without (a bf16 module elsewhere) converts to f32.
     DType dtype = DType::f32;
+    Bf16Products bf16_products = Bf16Products::none;
 };
 // Per architecture best first; the last f32 one of each is the fallback that any CPU of that
 // architecture runs.
@@ -105,7 +111,14 @@ inline constexpr std::array kCpuIsas = {
     CpuIsa{CpuArch::x86_64, "amx",
            "x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_sapphirerapids-avx512_skylake-"
            "avxvnni-f16c-fma-sse41",
-           16, 32, false, DType::bf16},
+           16, 32, false, DType::bf16, Bf16Products::amx_tiles},
+    // AVX512_BF16 without the matrix engine (AMD Zen 4 and 5; Intel CPUs with AMX run it by
+    // name): the same tile products as vdpbf16ps dot products. Halide emits those for its
+    // avx512_zen4 feature, which also asks for Ice Lake's AVX-512 extensions (not Cooper Lake).
+    CpuIsa{CpuArch::x86_64, "avx512bf16",
+           "x86-64-linux-avx-avx2-avx512-avx512_cannonlake-avx512_skylake-avx512_zen4-f16c-fma-"
+           "sse41",
+           16, 32, false, DType::bf16, Bf16Products::dot_pairs},
     CpuIsa{CpuArch::x86_64, "avx512", "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41",
            16, 32, true},
     CpuIsa{CpuArch::x86_64, "avx2", "x86-64-linux-avx-avx2-f16c-fma-sse41", 8, 16, true},
@@ -326,8 +339,8 @@ struct KernelVariant {
     // the f32 ones.
     constexpr bool compiled_for(const CpuIsa &isa) const { return isa.dtype == dtype; }
     // Decode steps and attention kernels run on the CPU only; forward kernels of every dtype on
-    // GPUs, and on the CPU those of a dtype an instruction set computes in (f32, and bf16 on the
-    // matrix engine).
+    // GPUs, and on the CPU those of a dtype an instruction set computes in (f32, and bf16 as
+    // tile products).
     constexpr bool runs_on(Device device) const {
         if (device != Device::cpu) {
             return op != KernelOp::qkv_projection && op != KernelOp::decode &&
@@ -343,8 +356,8 @@ struct KernelVariant {
 };
 
 // Forward: every mask kind x weights or not x separate or fused QKV x causal or not, in every
-// dtype (bf16 for the CPU's matrix engine and GPUs, f16 for GPUs). A decode step (causal within
-// its new tokens by definition): one fused QKV projection, and an attention with a byte
+// dtype (bf16 for the CPU's bf16 instruction sets and GPUs, f16 for GPUs). A decode step (causal
+// within its new tokens by definition): one fused QKV projection, and an attention with a byte
 // key-padding mask over the cache or none. The weights averaged over heads. The attention core:
 // every mask kind x within a window or not x modified scores or not x one query row or any, in
 // f32.

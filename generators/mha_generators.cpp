@@ -102,7 +102,7 @@ public:
     GeneratorParam<bool> fused_qkv{"fused_qkv", false};
     GeneratorParam<bool> causal{"causal", false};
     // bf16 or f16: activations and projection weights in 16 bits. On the CPU (bf16, the
-    // contract's bf16 instruction set only) the products run on the matrix engine; on GPUs the
+    // contract's bf16 instruction sets only) the products are bf16 tile products; on GPUs the
     // kernels widen them to f32 as they read them.
     GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     // CPU schedule parameters, "name:value,..." (schedules/cpu_params.h); the hand-written

@@ -103,8 +103,8 @@ inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {
     return reinterpret(BFloat(16), cast<uint16_t>(select(is_nan(x), 0x7fc0, nearest_even)));
 }
 
-// The three pieces of a product on a matrix engine (x86 AMX, whose lowering in Halide matches
-// exactly these forms), in tiles of kBf16TileWidth x kBf16TileWidth f32 accumulated over slices of
+// The three pieces of a bf16 product (x86 AMX tiles, whose lowering in Halide matches exactly
+// these forms, or AVX512_BF16's dot products over the pairs), in tiles of kBf16TileWidth x kBf16TileWidth f32 accumulated over slices of
 // kBf16TileDepth: the left operand staged as bf16 strips of kBf16TileWidth rows, the right one as
 // bf16 tiles whose pairs of reduction features are innermost; reduction features past `features`
 // read as zero in both. `outer` are the products' outer pure dimensions (head, batch) and each

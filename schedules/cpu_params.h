@@ -15,6 +15,8 @@ namespace mha::cpu {
 
 struct ScheduleParams {
     int vector_lanes = 8;  // the instruction set's, not tunable
+    // How its bf16 kernels' tile products run (the instruction set's, not tunable).
+    contract::Bf16Products bf16_products = contract::Bf16Products::none;
     // Projections: register tile of proj_vectors x proj_rows accumulators.
     int proj_vectors = 2;
     int proj_rows = 6;
@@ -60,6 +62,7 @@ struct ScheduleParams {
     static ScheduleParams defaults(const contract::CpuIsa &isa) {
         ScheduleParams p;
         p.vector_lanes = isa.f32_lanes;
+        p.bf16_products = isa.bf16_products;
         if (isa.vector_registers >= 32) {  // room for taller register tiles
             p.proj_rows = 12;
             p.qk_rows = 8;

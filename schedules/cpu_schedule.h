@@ -87,16 +87,37 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     return tiles;
 }
 
-// A tile product (tile_product) on the matrix engine (x86 AMX), read by `consumer` whose loop `at`
-// runs over one output tile: the tile accumulated in a tile register over every slice, then
+// A tile product (tile_product) read by `consumer` whose loop `at` runs over one output tile,
+// as the instruction set's bf16 products do it (ScheduleParams::bf16_products).
+// As vdpbf16ps dot products: the tile in a stack buffer at `at`, its 16 rows of 16 f32 lanes
+// held in vector registers through every slice; each step of a pair of reduction features is one
+// instruction per row, the row's pair broadcast against the 16 columns' pairs (the right
+// operand's layout, pairs innermost).
+// On the matrix engine (x86 AMX): the tile accumulated in a tile register over every slice, then
 // stored, into a 16 x 16 stack buffer that the consumer reads, or with `stored_by_consumer`
 // straight into the consumer, which must be a plain view of the tiles vectorized over one whole
 // tile. Every extent the tile loads and stores see is a constant, as the AMX lowering needs:
 // consumers read whole tiles through the product's % and / views.
 inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halide::Func consumer,
-                                  const Halide::Var &at, bool stored_by_consumer = false) {
+                                  const Halide::Var &at, contract::Bf16Products products,
+                                  bool stored_by_consumer = false) {
     using namespace Halide;
     const std::vector<Var> tile = acc.args();  // (lane, row, column tile, row tile, outer...)
+    if (products == contract::Bf16Products::dot_pairs) {
+        RVar pairs("pairs"), pair("pair");
+        acc.compute_at(consumer, at).store_in(MemoryType::Stack).vectorize(tile[0]).unroll(tile[1]);
+        std::vector<VarOrRVar> order = {pair, tile[0], tile[1], pairs, k.y};
+        order.insert(order.end(), tile.begin() + 2, tile.end());
+        acc.update()
+            .split(k.x, pairs, pair, 2)
+            .reorder(order)
+            .atomic()
+            .vectorize(pair)
+            .vectorize(tile[0])
+            .unroll(tile[1])
+            .unroll(pairs);
+        return;
+    }
     LoopLevel tile_level(consumer, at);
     if (!stored_by_consumer) {
         Func copy = acc.in(consumer);
@@ -115,7 +136,7 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
     acc.update().reorder(order).atomic().vectorize(k.x).vectorize(tile[0]).vectorize(tile[1]);
 }
 
-// A projection in the tiled form (tiled_projection) on the matrix engine: a task per run of up
+// A projection in the tiled form (tiled_projection) in bf16 products: a task per run of up
 // to 4 strips of 16 token rows, staged once in bf16, and share of the output's column tiles,
 // each output tile a tile product; the strips of a task take each column of weight tiles in
 // turn, so that all but the first read it from L1. Runs are shorter where that leaves fewer
@@ -153,7 +174,7 @@ inline void schedule_tiled_projection(const StageVars &v, Projection &p, const S
     schedule_tasks(p.result.specialize(row_tasks < tasks), true);
     schedule_tasks(p.result, false);
     p.strips.compute_at(p.result, rb).vectorize(strip[0], contract::kBf16TileDepth);
-    schedule_tile_product(p.tiles, p.k, p.result, ro);
+    schedule_tile_product(p.tiles, p.k, p.result, ro, sp.bf16_products);
 }
 
 // The masked softmax of an attention tile computed at `tile_loop` of `owner` (its buffers stored
@@ -230,8 +251,8 @@ inline std::pair<Halide::Var, Halide::Var> schedule_weights_output(
     return {wp, wot};
 }
 
-// The attention core in the tiled form (tiled_scaled_scores, tiled_attend_values) on the matrix
-// engine, per (batch x head, tile of 16 queries): the tile's queries staged as bf16 strips, its
+// The attention core in the tiled form (tiled_scaled_scores, tiled_attend_values) in bf16
+// products, per (batch x head, tile of 16 queries): the tile's queries staged as bf16 strips, its
 // scores against every key as tile products, the masked softmax in f32, its weights staged as bf16
 // strips, weights·V as tile products. Keys and values are packed as tiles once per call. Without
 // weights requested no [B, H, Sq, Sk] tensor exists; with them, the softmax is the weights
@@ -288,7 +309,7 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .fuse(iop, v.h, task)
         .fuse(task, v.b, task);
     fork_over_cores(values, task, sp);
-    schedule_tile_product(context.tiled.tiles, context.j, values, co);
+    schedule_tile_product(context.tiled.tiles, context.j, values, co, sp.bf16_products);
     context.tiled.strips.store_at(values, task)
         .compute_at(values, iot)
         .fold_storage(context.tiled.strips.args()[3], 1)
@@ -315,7 +336,7 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .vectorize(ji)
         .vectorize(qi)
         .unroll(jo);
-    schedule_tile_product(scores.tiled.tiles, scores.c, scores.dot, jo, true);
+    schedule_tile_product(scores.tiled.tiles, scores.c, scores.dot, jo, sp.bf16_products, true);
     scores.tiled.strips.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)
         .fold_storage(scores.tiled.strips.args()[3], 1)
@@ -562,7 +583,7 @@ inline void schedule_single_query_attention(const StageVars &v, CoreStages &core
 }
 
 // The forward pass: projections as register-tiled GEMMs around the attention core
-// (schedule_attention, or on the matrix engine schedule_tiled_attention).
+// (schedule_attention, or in bf16 products schedule_tiled_attention).
 inline void schedule_forward(ForwardStages &f, bool weights_are_output, const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;

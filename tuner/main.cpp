@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <optional>
 
 #include "candidate.h"
 #include "command_line.h"
@@ -46,7 +47,7 @@ int main(int argc, char **argv) {
         isa_names.emplace_back(isa.name);
     }
     app.add_option("--isa", isa_name,
-                   "the instruction set to tune (a matrix engine's: its bf16 kernels, whose "
+                   "the instruction set to tune (a bf16 one's: its bf16 kernels, whose "
                    "tile products take only tasks_per_head and parallel)")
         ->required()
         ->check(CLI::IsMember(isa_names))
@@ -101,8 +102,8 @@ int main(int argc, char **argv) {
         return *code;
     }
 
-    const mha::contract::CpuIsa &isa =
-        mha::contract::kCpuIsas[*mha::contract::cpu_isa_index(isa_name)];
+    const size_t isa_index = *mha::contract::cpu_isa_index(isa_name);
+    const mha::contract::CpuIsa &isa = mha::contract::kCpuIsas[isa_index];
     // Timings are only worth recording on the hardware itself: never through an emulator (qemu
     // runs another architecture's kernels here, at speeds that say nothing about its CPUs).
     if (isa.arch != mha::contract::compiled_cpu_arch()) {
@@ -113,12 +114,14 @@ int main(int argc, char **argv) {
                    mha::contract::cpu_arch_name(isa.arch));
         return 1;
     }
-    // Asking for the matrix engine also asks Linux for its tile state, without which it faults.
-    if (isa.dtype != mha::DType::f32 && !mha::detail::matrix_isa(isa.dtype)) {
+    // A bf16 instruction set runs where it or one listed before it (a superset) does. Asking for
+    // the matrix engine also asks Linux for its tile state, without which it faults.
+    const std::optional<size_t> bf16_isa = mha::detail::bf16_isa(isa.dtype);
+    if (isa.dtype != mha::DType::f32 && !(bf16_isa && *bf16_isa <= isa_index)) {
         fmt::print(stderr,
-                   "mha-tune: --isa {} needs a CPU with its matrix engine (and Linux's permission "
-                   "to use it); this one runs none\n",
-                   isa_name);
+                   "mha-tune: --isa {} needs a CPU with its bf16 products (and, for the matrix "
+                   "engine, Linux's permission to use it); this one runs {}\n",
+                   isa_name, bf16_isa ? mha::contract::kCpuIsas[*bf16_isa].name : "none of them");
         return 1;
     }
     const std::string tuned_dir = MHA_TUNED_DIR;

@@ -205,7 +205,7 @@ def test_decode_matches_causal_forward(seed):
 def test_sixteen_bit_modules_match_float32_on_the_rounded_values(seed, dtype):
     """A module of a 16-bit dtype takes and returns tensors of it, and computes what a float32
     module computes on its rounded weights and inputs (to the 16-bit output's rounding; bf16 on a
-    CPU with AMX rounds the products' operands too: 1e-2)."""
+    CPU with bf16 products rounds their operands too: 1e-2)."""
     theirs = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
     ours = mha.MultiheadAttention.from_torch(theirs.to(dtype))
     assert ours.in_proj_weight.dtype == dtype

@@ -123,13 +123,15 @@ size_t cpu_isa() {
     return chosen(choice);
 }
 
-std::optional<size_t> matrix_isa(DType dtype) {
+std::optional<size_t> bf16_isa(DType dtype) {
     if (dtype == DType::f32) {
         return std::nullopt;
     }
     for (size_t isa = best_isa(); isa < contract::kCpuIsas.size(); isa++) {
         const contract::CpuIsa &candidate = contract::kCpuIsas[isa];
-        if (candidate.arch == kArch && candidate.dtype == dtype && linked(isa) && amx_permitted()) {
+        const bool permitted =
+            candidate.bf16_products != contract::Bf16Products::amx_tiles || amx_permitted();
+        if (candidate.arch == kArch && candidate.dtype == dtype && linked(isa) && permitted) {
             return isa;
         }
     }

@@ -15,10 +15,10 @@ namespace mha::detail {
 // one of them, and the build's instruction sets when the CPU runs none of them.
 size_t cpu_isa();
 
-// The instruction set whose forward kernels take `dtype` (bf16: the matrix engine), when the
-// CPU has it, the operating system lets this process use it (Linux asks for AMX's tile state
-// once, arch_prctl), MHA_CPU_ISA does not cap it away and the build has its kernels; none for
-// f32 or otherwise.
-std::optional<size_t> matrix_isa(DType dtype);
+// The best instruction set whose forward kernels take `dtype` (bf16: AMX's tile products, or
+// AVX512_BF16's dot products), when the CPU has it, the operating system lets this process use
+// it (for AMX, Linux is asked for its tile state once, arch_prctl), MHA_CPU_ISA does not cap it
+// away and the build has its kernels; none for f32 or otherwise.
+std::optional<size_t> bf16_isa(DType dtype);
 
 }  // namespace mha::detail

@@ -32,7 +32,7 @@ ForwardKernels select_kernel(const ForwardParams &p) {
     // On the CPU: the instruction set of the dtype, then the shape bucket of the token rows.
     const int isa = p.device != Device::cpu        ? -1
                     : p.kernel_dtype == DType::f32 ? int(cpu_isa())
-                                                   : int(matrix_isa(p.kernel_dtype).value());
+                                                   : int(bf16_isa(p.kernel_dtype).value());
     const KernelComponent &component = component_for(p.device);
     ForwardKernels kernels{find_kernel(component, isa, p.token_rows(), v), nullptr};
     if (p.average_weights) {  // in f32, on the f32 instruction set

@@ -113,7 +113,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
     // would carry the bf16 rounding of the merged heads almost undiluted (relative L2 2e-2 seen
     // at E = 1). Elsewhere f32, on the rounded values.
     const bool own_kernels = device == Device::cpu ? E >= contract::kBf16TileDepth &&
-                                                         detail::matrix_isa(dtype).has_value()
+                                                         detail::bf16_isa(dtype).has_value()
                                                    : detail::has_forward_kernels(*component, dtype);
     const DType kernel_dtype = own_kernels ? dtype : DType::f32;
     packed_ = std::make_shared<const detail::PackedWeights>(

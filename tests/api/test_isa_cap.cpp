@@ -51,8 +51,8 @@ TEST(IsaCap, UnknownNameIsAnError) {
         GTEST_SKIP() << "this test runs with MHA_CPU_ISA naming no instruction set of this "
                         "architecture";
     }
-    const std::string expected =
-        "MHA_CPU_ISA is '" + std::string(cap) + "', which is not one of amx, avx512, avx2, sse41";
+    const std::string expected = "MHA_CPU_ISA is '" + std::string(cap) +
+                                 "', which is not one of amx, avx512bf16, avx512, avx2, sse41";
     const auto p = mha::problems::random_problem({1, 2, 2, 8, 2}, 1);
     try {
         mha::problems::make_module(p);

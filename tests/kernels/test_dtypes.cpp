@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "dtype.h"
 #include "mha_contract.h"
@@ -106,7 +107,7 @@ TEST(DtypeConversions, ArraysMatchScalars) {
 
 // Relative L2 of the library in each dtype against the reference on the same rounded inputs and
 // weights (the bounds: 1e-2 for bf16, 2e-3 for f16; f16 runs f32 kernels, so its
-// errors are f32's, and bf16 on a matrix engine rounds only the merged heads), and how far
+// errors are f32's, and bf16 products round only the merged heads), and how far
 // rounding the inputs to the dtype moves the result.
 struct DtypeCase {
     const char *name;
@@ -189,25 +190,35 @@ void expect_16_bit_weights_and_output(DType dtype) {
     }
 }
 
-// Whether the CPU has AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), asked without
-// Halide.
-bool cpu_has_amx_bf16() {
+// The bf16 instruction set a bf16 module runs, asked without Halide: amx where the CPU has
+// AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), else avx512bf16 where it has
+// AVX512_BF16 (leaf 7 subleaf 1: EAX bit 5) and the AVX-512 VBMI that Halide's avx512_zen4 also
+// asks for (leaf 7: ECX bit 1); a cap of MHA_CPU_ISA below one leaves the next, or none.
+std::string cpu_bf16_isa() {
+    std::string isa;
 #if defined(__x86_64__)
     unsigned eax, ebx, ecx, edx;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
-        return false;
+        return isa;
     }
-    return (edx >> 22 & 1) && (edx >> 24 & 1);
-#else
-    return false;
+    const bool amx = (edx >> 22 & 1) && (edx >> 24 & 1), vbmi = ecx >> 1 & 1;
+    const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
+    const char *cap = std::getenv("MHA_CPU_ISA");
+    const std::string capped = cap ? cap : "amx";
+    if (amx && capped == "amx") {
+        isa = "amx";
+    } else if (bf16 && vbmi && (capped == "amx" || capped == "avx512bf16")) {
+        isa = "avx512bf16";
+    }
 #endif
+    return isa;
 }
 
-// A bf16 module runs the matrix engine's kernels where the CPU has one and MHA_CPU_ISA does not
-// cap it away, unless it is narrower than one tile slice; an f16 module never does (it converts
-// to f32).
-TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
-    const bool amx = cpu_has_amx_bf16() && std::getenv("MHA_CPU_ISA") == nullptr;
+// A bf16 module runs the bf16 instruction set's kernels where the CPU has one and MHA_CPU_ISA
+// does not cap it away, unless it is narrower than one tile slice; an f16 module never does (it
+// converts to f32).
+TEST(Dtypes16, Bf16ModulesRunTheBf16Kernels) {
+    const std::string bf16_isa = cpu_bf16_isa();
     for (const auto &[dtype, embed_dim] :
          {std::pair{DType::bf16, 48}, {DType::bf16, 24}, {DType::f16, 48}}) {
         const bool wide = embed_dim >= mha::contract::kBf16TileDepth;
@@ -217,9 +228,9 @@ TEST(Dtypes16, Bf16ModulesRunTheMatrixEngine) {
         const auto module = mha::problems::make_module(p);
         const std::string kernel = module.kernel_name(
             mha::problems::query_view(p), mha::problems::key_view(p), mha::problems::value_view(p));
-        const bool on_amx = kernel.find("_cpu_amx_") != std::string::npos;
-        EXPECT_EQ(on_amx, amx && dtype == DType::bf16 && wide) << kernel;
-        EXPECT_EQ(kernel.find("_bf16") != std::string::npos, on_amx) << kernel;
+        const bool runs_bf16 = !bf16_isa.empty() && dtype == DType::bf16 && wide;
+        EXPECT_EQ(kernel.find("_cpu_" + bf16_isa + "_") != std::string::npos, runs_bf16) << kernel;
+        EXPECT_EQ(kernel.find("_bf16") != std::string::npos, runs_bf16) << kernel;
         const auto got = mha::problems::run_module(module, p, true);
         const auto want = mha::reference::forward(p);
         EXPECT_LT(mha::reference::relative_l2(got.output, want.output),

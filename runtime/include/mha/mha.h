@@ -173,9 +173,10 @@ public:
     // `dtype` is the element type the module computes in: its weights are rounded to it here,
     // once, and the activations of a call to it on entry (f32 ones rounded, 16-bit ones of its
     // own type as they are; a 16-bit tensor of the other type raises mha::Error). The kernels
-    // accumulate in f32: on GPUs (kernels that read the 16-bit values) and on CPUs without a
-    // matrix engine the result is f32 arithmetic on inputs and weights rounded to `dtype`; on
-    // the CPU's matrix engine (bf16) the products' operands are rounded to bf16 too (README).
+    // accumulate in f32: on GPUs (kernels that read the 16-bit values) and on CPUs without bf16
+    // products the result is f32 arithmetic on inputs and weights rounded to `dtype`; with
+    // them (bf16 on AMX or AVX512-BF16) the products' operands are rounded to bf16 too
+    // (docs/semantics.md).
     // Weights may arrive in bf16 or f16 (widened exactly).
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const Linear &q_proj,
                        const Linear &k_proj, const Linear &v_proj, const Linear &out_proj,
@@ -262,8 +263,8 @@ public:
 private:
     MultiHeadAttention(int64_t embed_dim, int64_t num_heads, const detail::WidenedLinears &linears,
                        Device device, DType dtype);
-    // forward() on tensors the kernels read as they are: f32, or bf16 for the matrix engine's
-    // kernels; decode() on f32 tensors.
+    // forward() on tensors the kernels read as they are: f32, or bf16 for the bf16 instruction
+    // sets' kernels; decode() on f32 tensors.
     template <typename T>
     void forward_kernels(const TensorView<const T> &query, const TensorView<const T> &key,
                          const TensorView<const T> &value, const MutableTensor &output,
@@ -381,8 +382,8 @@ struct KernelInfo {
     bool causal;           // an attention kernel's: the keys a query sees bounded by a window
     bool modified_scores;  // attention kernels: soft-capping and ALiBi
     bool single_query;     // attention kernels: for one query row per head (Sq = 1) only
-    // Of its activations and projection weights: on the CPU bf16 for the matrix engine; on GPUs
-    // bf16 or f16, read as their bits and widened to f32.
+    // Of its activations and projection weights: on the CPU bf16 for the bf16 instruction sets;
+    // on GPUs bf16 or f16, read as their bits and widened to f32.
     DType dtype;
     std::vector<std::string> arguments;  // in call order, after the user_context
 };

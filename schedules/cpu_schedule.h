@@ -88,24 +88,43 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
 }
 
 // A tile product (tile_product) read by `consumer` whose loop `at` runs over one output tile,
-// as the instruction set's bf16 products do it (ScheduleParams::bf16_products).
-// As vdpbf16ps dot products: the tile in a stack buffer at `at`, its 16 rows of 16 f32 lanes
-// held in vector registers through every slice; each step of a pair of reduction features is one
-// instruction per row, the row's pair broadcast against the 16 columns' pairs (the right
-// operand's layout, pairs innermost).
-// On the matrix engine (x86 AMX): the tile accumulated in a tile register over every slice, then
-// stored, into a 16 x 16 stack buffer that the consumer reads, or with `stored_by_consumer`
-// straight into the consumer, which must be a plain view of the tiles vectorized over one whole
-// tile. Every extent the tile loads and stores see is a constant, as the AMX lowering needs:
-// consumers read whole tiles through the product's % and / views.
+// as the instruction set's bf16 products do it (ScheduleParams::bf16_products): the tile
+// accumulated over every slice, then stored into a 16 x 16 stack buffer that the consumer reads,
+// or with `stored_by_consumer` straight into the consumer, which must be a plain view of the
+// tiles over one whole tile, vectorized (AMX) or its rows vectorized and unrolled (dot products).
+// Every index of the tile is then a constant:
+// - on the matrix engine (x86 AMX), in a tile register, as the AMX lowering needs;
+// - as vdpbf16ps dot products, in 16 vector registers, one per row of 16 f32 lanes, each step of
+//   a pair of reduction features one instruction per row, the row's pair broadcast against the
+//   16 columns' pairs (the right operand's layout, pairs innermost).
+// Consumers read whole tiles through the product's % and / views.
 inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halide::Func consumer,
                                   const Halide::Var &at, contract::Bf16Products products,
                                   bool stored_by_consumer = false) {
     using namespace Halide;
     const std::vector<Var> tile = acc.args();  // (lane, row, column tile, row tile, outer...)
-    if (products == contract::Bf16Products::dot_pairs) {
+    const bool dot_pairs = products == contract::Bf16Products::dot_pairs;
+    LoopLevel tile_level(consumer, at);
+    if (!stored_by_consumer) {
+        Func copy = acc.in(consumer);
+        copy.compute_at(consumer, at).store_in(MemoryType::Stack);
+        for (size_t d = 2; d < tile.size(); d++) {
+            copy.bound_storage(tile[d], 1);
+        }
+        copy.align_storage(tile[0], 2 * contract::kBf16TileWidth).vectorize(tile[0]);
+        if (dot_pairs) {
+            copy.unroll(tile[1]);
+        } else {
+            copy.vectorize(tile[1]);
+        }
+        tile_level = LoopLevel(copy, tile[2]);
+    }
+    if (dot_pairs) {
+        // Every index of the tile a constant, so that its 16 rows stay in registers: a consumer
+        // that reads it at computed indices would leave it on the stack, each dot product
+        // loading and storing its row.
         RVar pairs("pairs"), pair("pair");
-        acc.compute_at(consumer, at).store_in(MemoryType::Stack).vectorize(tile[0]).unroll(tile[1]);
+        acc.compute_at(tile_level).store_in(MemoryType::Register).vectorize(tile[0]).unroll(tile[1]);
         std::vector<VarOrRVar> order = {pair, tile[0], tile[1], pairs, k.y};
         order.insert(order.end(), tile.begin() + 2, tile.end());
         acc.update()
@@ -114,21 +133,8 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
             .atomic()
             .vectorize(pair)
             .vectorize(tile[0])
-            .unroll(tile[1])
-            .unroll(pairs);
+            .unroll(tile[1]);
         return;
-    }
-    LoopLevel tile_level(consumer, at);
-    if (!stored_by_consumer) {
-        Func copy = acc.in(consumer);
-        copy.compute_at(consumer, at).store_in(MemoryType::Stack);
-        for (size_t d = 2; d < tile.size(); d++) {
-            copy.bound_storage(tile[d], 1);
-        }
-        copy.align_storage(tile[0], 2 * contract::kBf16TileWidth)
-            .vectorize(tile[0])
-            .vectorize(tile[1]);
-        tile_level = LoopLevel(copy, tile[2]);
     }
     acc.compute_at(tile_level).store_in(MemoryType::AMXTile).vectorize(tile[0]).vectorize(tile[1]);
     std::vector<VarOrRVar> order = {k.x, tile[0], tile[1], k.y};
@@ -334,8 +340,14 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .split(jo, jp, jo, 2, guard)
         .reorder(ji, qi, jo, jp, qo)
         .vectorize(ji)
-        .vectorize(qi)
         .unroll(jo);
+    // A tile register is stored whole; vector registers hold a tile's rows, one store each (a
+    // 256-lane store of the tile would scatter across the rows of the scores).
+    if (sp.bf16_products == contract::Bf16Products::dot_pairs) {
+        scores.dot.unroll(qi);
+    } else {
+        scores.dot.vectorize(qi);
+    }
     schedule_tile_product(scores.tiled.tiles, scores.c, scores.dot, jo, sp.bf16_products, true);
     scores.tiled.strips.store_at(owner, task_loop)
         .compute_at(owner, tile_loop)

@@ -33,6 +33,7 @@ NAME = re.compile(r"^(?P<system>halide|blas)/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>
 STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
 STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
+BF16_DOT = re.compile(r"^bf16dot/threads:(?P<t>\d+)")  # 2^24 vdpbf16ps of 64 FLOPs per thread
 DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
 GQA = re.compile(r"^gqa/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
                  r"_kv(?P<kv>\d+)/threads:(?P<t>\d+)")
@@ -178,6 +179,8 @@ def main():
              for n, t in cpp_ms.items() if SGEMM.match(n)}
     stream = {int(STREAM.match(n)["t"]): int(STREAM.match(n)["mb"]) * 2**20 / (t * 1e6)
               for n, t in cpp_ms.items() if STREAM.match(n)}  # GB/s
+    bf16_dot = {int(BF16_DOT.match(n)["t"]): 64 * 2**24 * int(BF16_DOT.match(n)["t"]) / (t * 1e6)
+                for n, t in cpp_ms.items() if BF16_DOT.match(n)}  # GFLOP/s
     rows = {}
     for name, t_ms in cpp_ms.items():
         m = NAME.match(name)
@@ -210,6 +213,10 @@ def main():
     emit("Ceiling, OpenBLAS sgemm 2048³: " +
          ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GFLOP/s"
                    for t, g in sorted(sgemm.items())))
+    if bf16_dot:
+        emit("Ceiling, vdpbf16ps on independent accumulators: " +
+             ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GFLOP/s"
+                       for t, g in sorted(bf16_dot.items())))
     emit("Streaming read (256 MB summed): " +
          ", ".join(f"{t} thread{'s' if t > 1 else ''} {g:.1f} GB/s" for t, g in sorted(stream.items())))
     emit("Python call overhead, the cheapest call: " +
@@ -299,29 +306,38 @@ def main():
             key = (forward_dims(m), m["dtype"], int(m["t"]))
             dtypes[key] = {"ours": t_ms, "kernel": cpp[name][1]}
             dtypes[key].update({path: ms[(path, *key)] for path in
-                                ("torch module", "torch autocast", "ort") if (path, *key) in ms})
+                                ("torch module", "torch linear+sdpa", "torch autocast", "ort")
+                                 if (path, *key) in ms})
     if dtypes:
         order = ["f32", "bf16", "f16"]
         emit("")
         emit("Self-attention in each dtype (no weights): ours, a module of that dtype on tensors of "
-             "it; PyTorch nn.MultiheadAttention of that dtype, and for bf16 the f32 module under "
+             "it; PyTorch nn.MultiheadAttention of that dtype, F.linear + "
+             "F.scaled_dot_product_attention in it, and for bf16 the f32 module under "
              "torch.autocast(cpu, bfloat16); ONNX Runtime's Attention in that type where its CPU "
-             "provider has one (not bf16):")
+             "provider has one (not bf16). Ceiling: the same run's vdpbf16ps peak for bf16, "
+             "sgemm for the others:")
         emit("")
-        emit("| shape (B, Sq, Sk, E, H) | dtype | threads | ours ms | ours GFLOP/s | × our f32 "
-             "| PyTorch module ms | PyTorch autocast ms | ONNX Runtime ms | × best PyTorch "
-             "| × ONNX Runtime | kernel |")
-        emit("|" + "---|" * 12)
+        emit("| shape (B, Sq, Sk, E, H) | dtype | threads | ours ms | ours GFLOP/s | % of ceiling "
+             "| × our f32 "
+             "| PyTorch module ms | F.linear+sdpa ms | PyTorch autocast ms | ONNX Runtime ms "
+             "| × best PyTorch | × ONNX Runtime | kernel |")
+        emit("|" + "---|" * 14)
         for (dims, dtype, t), r in sorted(dtypes.items(),
                                          key=lambda kv: (kv[0][0], order.index(kv[0][1]), kv[0][2])):
             ours = r["ours"]
             # The f32 row of the shape, when the filter kept it.
             f32 = dtypes.get((dims, "f32", t), {}).get("ours")
-            best_torch = min(r["torch module"], r.get("torch autocast", float("inf")))
+            best_torch = min(r["torch module"], r["torch linear+sdpa"],
+                             r.get("torch autocast", float("inf")))
             autocast, ort_ms = r.get("torch autocast"), r.get("ort")
-            emit(f"| {', '.join(map(str, dims))} | {dtype} | {t} | {ours:.3f} "
-                 f"| {report.flops(*dims) / (ours * 1e6):.1f} | {f'{f32 / ours:.2f}' if f32 else '–'} "
-                 f"| {r['torch module']:.3f} | {f'{autocast:.3f}' if autocast else '–'} "
+            gflops = report.flops(*dims) / (ours * 1e6)
+            ceiling = (bf16_dot if dtype == "bf16" else sgemm).get(t)
+            emit(f"| {', '.join(map(str, dims))} | {dtype} | {t} | {ours:.3f} | {gflops:.1f} "
+                 f"| {f'{100 * gflops / ceiling:.0f}%' if ceiling else '–'} "
+                 f"| {f'{f32 / ours:.2f}' if f32 else '–'} "
+                 f"| {r['torch module']:.3f} | {r['torch linear+sdpa']:.3f} "
+                 f"| {f'{autocast:.3f}' if autocast else '–'} "
                  f"| {f'{ort_ms:.3f}' if ort_ms else '–'} | {best_torch / ours:.2f} "
                  f"| {f'{ort_ms / ours:.2f}' if ort_ms else '–'} | {r['kernel']} |")
     stages = {}

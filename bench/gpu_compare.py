@@ -119,6 +119,7 @@ def main():
             f"| {peers['sdpa'] / r['ms']:.2f} | {peers['mha']:.3f} | {peers['mha'] / r['ms']:.2f} "
             f"| {rw['ms']:.3f} | {peers['mha_weights']:.3f} "
             f"| {peers['mha_weights'] / rw['ms']:.2f} |")
+        print("row:", lines[-1], file=sys.stderr, flush=True)  # kept if the run is cut short
     # 16-bit modules: our kernels read bf16 / f16 and compute in f32 (no tensor cores);
     # PyTorch's matmuls in that dtype run on tensor cores.
     lines += ["",
@@ -135,6 +136,7 @@ def main():
                 f"| {100 * tflops / args.peak_tflops:.1f}% | {err} | {peers['sdpa']:.3f} "
                 f"| {peers['sdpa'] / r['ms']:.2f} | {peers['mha']:.3f} "
                 f"| {peers['mha'] / r['ms']:.2f} |")
+            print("row:", lines[-1], file=sys.stderr, flush=True)
     report.publish(lines, args.out)
 
 

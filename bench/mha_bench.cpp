@@ -3,7 +3,8 @@
 // a streaming read) and a hand-written BLAS multi-head attention, at 1 and 2 threads.
 // bench/compare.py adds PyTorch and ONNX Runtime and the tables.
 //
-// Names: sgemm2048/threads:T, stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
+// Names: sgemm2048/threads:T, bf16dot/threads:T (the vdpbf16ps peak, where the CPU has it),
+// stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
 // with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T,
 // dtype/<shape>/dtype:<f32 | bf16 | f16>/threads:T and stage/<stage>/<shape>/threads:T. Counters:
 // GFLOP/s and pct_sgemm (percent of the same run's sgemm at the same thread count); for decode
@@ -20,6 +21,7 @@
 
 #include "HalideBuffer.h"
 #include "HalideRuntime.h"
+#include "bf16_dot_peak.h"
 #include "blas_mha.h"
 #include "command_line.h"
 #include "mha_attend_values.h"
@@ -81,6 +83,17 @@ void sgemm_ceiling(benchmark::State &state, int threads) {
     g_sgemm_gflops[threads] = flops * state.iterations() * 1e-9 / seconds;
     state.counters["GFLOP/s"] =
         benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// The vdpbf16ps peak of this machine (bf16_dot_peak.h), the ceiling of the bf16 products of the
+// avx512bf16 kernels.
+void bf16_dot_ceiling(benchmark::State &state, int threads) {
+    const int64_t instructions = int64_t(1) << 24;
+    for (auto _ : state) {
+        benchmark::DoNotOptimize(mha::bench::bf16_dot_chains(instructions, threads));
+    }
+    state.counters["GFLOP/s"] = benchmark::Counter(64.0 * double(instructions) * threads * 1e-9,
+                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 
 struct Buffers {
@@ -296,6 +309,11 @@ void register_all(const std::vector<int> &thread_counts) {
                                      sgemm_ceiling, threads)
             ->Unit(benchmark::kMillisecond)
             ->MinTime(0.5);
+        if (mha::bench::has_bf16_dot()) {
+            benchmark::RegisterBenchmark(fmt::format("bf16dot/threads:{}", threads).c_str(),
+                                         bf16_dot_ceiling, threads)
+                ->Unit(benchmark::kMillisecond);
+        }
     }
     for (const Dims &d : mha::bench::kBenchmarkSweep) {
         for (bool w : {false, true}) {

@@ -78,9 +78,12 @@ inline constexpr std::array kGqaSweep = {
     GqaShape{{1, 1024, 1024, 1024, 16}, 1},
 };
 
-// Self-attention timed in every dtype (kDTypes) against PyTorch's module of that dtype (and,
-// for bf16, its f32 module under autocast): the shapes where 16-bit arithmetic can pay.
+// Self-attention timed in every dtype (kDTypes) against PyTorch's module and F.linear + SDPA in
+// that dtype (and, for bf16, its f32 module under autocast): short sequences, where the
+// projections are most of the work, and long ones.
 inline constexpr std::array kDtypeSweep = {
+    ProblemShape{1, 128, 128, 512, 8},
+    ProblemShape{8, 128, 128, 512, 8},
     ProblemShape{4, 256, 256, 512, 8},
     ProblemShape{1, 512, 512, 512, 8},
     ProblemShape{1, 1024, 1024, 512, 8},

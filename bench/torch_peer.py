@@ -58,14 +58,23 @@ TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float
 
 def measure_dtype(dims, dtype, threads, min_time_s=0.3):
     """Median milliseconds of PyTorch's self-attention in `dtype` (f32, bf16, f16): an
-    nn.MultiheadAttention of that dtype on a tensor of it, and for bf16 also the f32 module under
-    torch.autocast("cpu", bfloat16)."""
+    nn.MultiheadAttention of that dtype on a tensor of it, F.linear projections around
+    F.scaled_dot_product_attention on the same weights and tensor, and for bf16 also the f32
+    module under torch.autocast("cpu", bfloat16)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     B, S, _, E, H = dims
+    d = E // H
     mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
     x = torch.rand(B, S, E) * 2 - 1
     typed, typed_x = copy.deepcopy(mha).to(TORCH_DTYPES[dtype]), x.to(TORCH_DTYPES[dtype])
+    w_in, b_in = typed.in_proj_weight.detach(), typed.in_proj_bias.detach()
+    wo, bo = typed.out_proj.weight.detach(), typed.out_proj.bias.detach()
+
+    def linear_sdpa():
+        q, k, v = F.linear(typed_x, w_in, b_in).view(B, S, 3, H, d).permute(2, 0, 3, 1, 4)
+        context = F.scaled_dot_product_attention(q, k, v)
+        return F.linear(context.transpose(1, 2).reshape(B, S, E), wo, bo)
 
     def autocast():
         with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
@@ -73,7 +82,8 @@ def measure_dtype(dims, dtype, threads, min_time_s=0.3):
 
     with torch.inference_mode():
         times = {"module": median_ms(lambda: typed(typed_x, typed_x, typed_x, need_weights=False),
-                                     min_time_s)}
+                                     min_time_s),
+                 "linear+sdpa": median_ms(linear_sdpa, min_time_s)}
         if dtype == "bf16":
             times["autocast"] = median_ms(autocast, min_time_s)
         return times

@@ -82,12 +82,9 @@ inline constexpr std::array kGqaSweep = {
 // that dtype (and, for bf16, its f32 module under autocast): short sequences, where the
 // projections are most of the work, and long ones.
 inline constexpr std::array kDtypeSweep = {
-    ProblemShape{1, 128, 128, 512, 8},
-    ProblemShape{8, 128, 128, 512, 8},
-    ProblemShape{4, 256, 256, 512, 8},
-    ProblemShape{1, 512, 512, 512, 8},
-    ProblemShape{1, 1024, 1024, 512, 8},
-    ProblemShape{1, 2048, 2048, 512, 8},
+    ProblemShape{1, 128, 128, 512, 8},   ProblemShape{8, 128, 128, 512, 8},
+    ProblemShape{4, 256, 256, 512, 8},   ProblemShape{1, 512, 512, 512, 8},
+    ProblemShape{1, 1024, 1024, 512, 8}, ProblemShape{1, 2048, 2048, 512, 8},
 };
 
 // Added on GPUs, which have room for them.

@@ -165,16 +165,16 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
 
 int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
-    fmt::print("{} kernels; the CPU kernels of {} run here\n", kernels.size(),
-               mha::dispatched_isa());
+    fmt::print("{} kernels; the f32 CPU kernels of {} run here, the bf16 ones of {}\n",
+               kernels.size(), mha::dispatched_isa(), mha::dispatched_isa(mha::DType::bf16));
     // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi;
     // rows: the query rows per head an attention kernel is for.
-    fmt::print("{:<76} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
+    fmt::print("{:<76} {:<7} {:<10} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
                "name", "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts",
                "scores", "rows");
     for (const mha::KernelInfo &k : kernels) {
         const bool forward = k.op == "forward";
-        fmt::print("{:<76} {:<7} {:<7} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} {}\n",
+        fmt::print("{:<76} {:<7} {:<10} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} {}\n",
                    k.name, mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
                    mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","), k.mask,
                    k.causal ? "yes" : "no",

@@ -104,11 +104,11 @@ inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {
 }
 
 // The three pieces of a bf16 product (x86 AMX tiles, whose lowering in Halide matches exactly
-// these forms, or AVX512_BF16's dot products over the pairs), in tiles of kBf16TileWidth x kBf16TileWidth f32 accumulated over slices of
-// kBf16TileDepth: the left operand staged as bf16 strips of kBf16TileWidth rows, the right one as
-// bf16 tiles whose pairs of reduction features are innermost; reduction features past `features`
-// read as zero in both. `outer` are the products' outer pure dimensions (head, batch) and each
-// operand's call arguments for them.
+// these forms, or AVX512_BF16's dot products over the pairs), in tiles of kBf16TileWidth x
+// kBf16TileWidth f32 accumulated over slices of kBf16TileDepth: the left operand staged as bf16
+// strips of kBf16TileWidth rows, the right one as bf16 tiles whose pairs of reduction features are
+// innermost; reduction features past `features` read as zero in both. `outer` are the products'
+// outer pure dimensions (head, batch) and each operand's call arguments for them.
 
 // strips(kk, ri, kt, rt, outer...) = source(kt·depth + kk, rt·width + ri, outer...) in bf16.
 inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &features,

@@ -124,7 +124,10 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
         // that reads it at computed indices would leave it on the stack, each dot product
         // loading and storing its row.
         RVar pairs("pairs"), pair("pair");
-        acc.compute_at(tile_level).store_in(MemoryType::Register).vectorize(tile[0]).unroll(tile[1]);
+        acc.compute_at(tile_level)
+            .store_in(MemoryType::Register)
+            .vectorize(tile[0])
+            .unroll(tile[1]);
         std::vector<VarOrRVar> order = {pair, tile[0], tile[1], pairs, k.y};
         order.insert(order.end(), tile.begin() + 2, tile.end());
         acc.update()

@@ -141,8 +141,13 @@ void attention(const StridedArray &query, const StridedArray &key, const Strided
 
 NB_MODULE(_mha, m) {
     nb::exception<mha::Error>(m, "Error", PyExc_ValueError);
-    m.def("dispatched_isa", &mha::dispatched_isa,
-          "The CPU instruction set whose kernels run: avx512, avx2 or sse41 (neon on arm64).");
+    m.def(
+        "dispatched_isa",
+        [](const std::string &dtype) { return mha::dispatched_isa(dtype_named(dtype)); },
+        nb::arg("dtype") = "f32",
+        "The CPU instruction set whose kernels a module of dtype ('f32', 'bf16', 'f16') runs: "
+        "avx512, avx2 or sse41 (neon on arm64); for bf16 amx or avx512bf16 where the CPU has "
+        "them.");
     m.def("set_num_threads", &mha::set_num_threads, nb::arg("threads"),
           "The CPU kernels' threads (0: HL_NUM_THREADS, else one per core). Call it while no "
           "call runs.");

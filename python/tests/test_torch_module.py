@@ -201,6 +201,16 @@ def test_decode_matches_causal_forward(seed):
                                rtol=1e-4)
 
 
+def test_dispatched_isa_names_each_dtypes_kernels():
+    """bf16 runs its own instruction set where the CPU and the build have one, else the f32 one;
+    f16 always the f32 one."""
+    f32 = mha.dispatched_isa()
+    assert mha.dispatched_isa("f32") == f32 and mha.dispatched_isa("f16") == f32
+    assert mha.dispatched_isa("bf16") in {f32, "amx", "avx512bf16"}
+    with pytest.raises(TypeError, match="dtype f8 is none of f32, bf16, f16"):
+        mha.dispatched_isa("f8")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_sixteen_bit_modules_match_float32_on_the_rounded_values(seed, dtype):
     """A module of a 16-bit dtype takes and returns tensors of it, and computes what a float32

@@ -112,9 +112,9 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
     // one tile slice of features gain nothing from it, and their outputs, sums of a few terms,
     // would carry the bf16 rounding of the merged heads almost undiluted (relative L2 2e-2 seen
     // at E = 1). Elsewhere f32, on the rounded values.
-    const bool own_kernels = device == Device::cpu ? E >= contract::kBf16TileDepth &&
-                                                         detail::bf16_isa(dtype).has_value()
-                                                   : detail::has_forward_kernels(*component, dtype);
+    const bool own_kernels =
+        device == Device::cpu ? E >= contract::kBf16TileDepth && detail::bf16_isa(dtype).has_value()
+                              : detail::has_forward_kernels(*component, dtype);
     const DType kernel_dtype = own_kernels ? dtype : DType::f32;
     packed_ = std::make_shared<const detail::PackedWeights>(
         E, num_heads, linears, device == Device::cpu ? nullptr : component, kernel_dtype);
@@ -307,6 +307,11 @@ void MultiHeadAttention::forward_kernels(const TensorView<const T> &query,
 }
 
 std::string dispatched_isa() { return std::string(contract::kCpuIsas[detail::cpu_isa()].name); }
+
+std::string dispatched_isa(DType dtype) {
+    return std::string(
+        contract::kCpuIsas[detail::bf16_isa(dtype).value_or(detail::cpu_isa())].name);
+}
 
 void set_num_threads(int threads) {
     if (threads < 0) {

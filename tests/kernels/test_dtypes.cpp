@@ -219,6 +219,10 @@ std::string cpu_bf16_isa() {
 // converts to f32).
 TEST(Dtypes16, Bf16ModulesRunTheBf16Kernels) {
     const std::string bf16_isa = cpu_bf16_isa();
+    EXPECT_EQ(mha::dispatched_isa(DType::bf16),
+              bf16_isa.empty() ? mha::dispatched_isa() : bf16_isa);
+    EXPECT_EQ(mha::dispatched_isa(DType::f16), mha::dispatched_isa());
+    EXPECT_EQ(mha::dispatched_isa(DType::f32), mha::dispatched_isa());
     for (const auto &[dtype, embed_dim] :
          {std::pair{DType::bf16, 48}, {DType::bf16, 24}, {DType::f16, 48}}) {
         const bool wide = embed_dim >= mha::contract::kBf16TileDepth;

@@ -363,6 +363,10 @@ std::string attention_kernel_name(const StridedView<const float> &query,
 // choice), on arm64 "neon". Decided once per process; an MHA_CPU_ISA that names none of the
 // library's raises mha::Error here and in every CPU module's constructor.
 std::string dispatched_isa();
+// The instruction set whose CPU kernels a module of `dtype` runs: for bf16 "amx" or "avx512bf16"
+// where the CPU has them and MHA_CPU_ISA does not cap them away (for embed_dim >= 32, one bf16
+// tile slice), else the f32 one, on whose kernels a bf16 or f16 module runs its rounded values.
+std::string dispatched_isa(DType dtype);
 
 // The CPU kernels' threads: `threads` from now on, or with 0 what Halide decides (HL_NUM_THREADS,
 // else one per core). Call it while no forward() or decode() runs: it stops the thread pool,

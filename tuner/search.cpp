@@ -2,6 +2,7 @@
 #include "search_plot.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -313,15 +314,37 @@ void update_tuned_file(const TuneOptions &o, const TuningDb &db) {
 }  // namespace
 
 std::string machine_description() {
+    // The first core's fields of /proc/cpuinfo, by name.
+    std::map<std::string, std::string> fields;
     std::ifstream cpuinfo("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(cpuinfo, line)) {
-        if (line.rfind("model name", 0) == 0) {
-            return fmt::format("{}, {} cores", line.substr(line.find(':') + 2),
-                               std::thread::hardware_concurrency());
+    for (std::string line; std::getline(cpuinfo, line) && !line.empty();) {
+        const size_t colon = line.find(':');
+        if (colon != std::string::npos) {
+            const std::string name = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
+            fields.emplace(name, colon + 2 <= line.size() ? line.substr(colon + 2) : "");
         }
     }
-    return "unknown";
+    std::vector<std::string> identity;
+    if (fields.count("vendor_id") && fields.count("cpu family") && fields.count("model")) {
+        identity.push_back(fmt::format("{} family {} model {}", fields["vendor_id"],
+                                       fields["cpu family"], fields["model"]));
+    }
+    std::vector<std::string> caches;
+    for (int index = 0; index < 8; index++) {
+        const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", index);
+        std::ifstream level_file(dir + "level"), size_file(dir + "size");
+        std::string level, size;
+        if (level_file >> level && size_file >> size && (level == "2" || level == "3")) {
+            caches.push_back(fmt::format("L{} {}", level, size));
+        }
+    }
+    if (!caches.empty()) {
+        identity.push_back(fmt::format("{}", fmt::join(caches, ", ")));
+    }
+    const std::string model = fields.count("model name") ? fields["model name"] : "unknown CPU";
+    return fmt::format("{}{}, {} cores", model,
+                       identity.empty() ? "" : fmt::format(" ({})", fmt::join(identity, "; ")),
+                       std::thread::hardware_concurrency());
 }
 
 int tune(const TuneOptions &o) {

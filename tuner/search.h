@@ -31,7 +31,10 @@ struct TuneOptions {
 // (search_plot.h) after each bucket; the exit code.
 int tune(const TuneOptions &options);
 
-// The machine, as records name it: CPU model and core count.
+// The machine, as records and tuned files name it: CPU model, vendor, family and model numbers
+// (VMs often name only "AMD EPYC", which covers Zen 4 and Zen 5), the caches of core 0's level 2
+// and 3, and the core count, e.g. "AMD EPYC (AuthenticAMD family 26 model 2; L2 1024K, L3
+// 32768K), 2 cores". Records of another description are kept but not reused.
 std::string machine_description();
 
 }  // namespace mha::tune

@@ -1,7 +1,6 @@
 #include "bf16_dot_peak.h"
 
-#include <thread>
-#include <vector>
+#include "sum_over_threads.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -53,20 +52,7 @@ bool has_bf16_dot() {
 }
 
 float bf16_dot_chains(int64_t instructions, int threads) {
-    std::vector<float> totals(threads);
-    std::vector<std::thread> workers;
-    for (int t = 1; t < threads; t++) {
-        workers.emplace_back([&, t] { totals[t] = chains(instructions); });
-    }
-    totals[0] = chains(instructions);
-    for (std::thread &w : workers) {
-        w.join();
-    }
-    float total = 0;
-    for (float t : totals) {
-        total += t;
-    }
-    return total;
+    return sum_over_threads(threads, [&](int) { return chains(instructions); });
 }
 
 }  // namespace mha::bench

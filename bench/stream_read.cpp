@@ -1,8 +1,8 @@
 #include "stream_read.h"
 
 #include <array>
-#include <thread>
-#include <vector>
+
+#include "sum_over_threads.h"
 
 namespace mha::bench {
 namespace {
@@ -29,21 +29,8 @@ float sum(const float *data, size_t count) {
 }  // namespace
 
 float stream_read(const float *data, size_t bytes, int threads) {
-    const size_t count = bytes / sizeof(float), share = count / threads;
-    std::vector<float> totals(threads);
-    std::vector<std::thread> workers;
-    for (int t = 1; t < threads; t++) {
-        workers.emplace_back([&, t] { totals[t] = sum(data + t * share, share); });
-    }
-    totals[0] = sum(data, share);
-    for (std::thread &w : workers) {
-        w.join();
-    }
-    float total = 0;
-    for (float t : totals) {
-        total += t;
-    }
-    return total;
+    const size_t share = bytes / sizeof(float) / threads;
+    return sum_over_threads(threads, [&](int t) { return sum(data + t * share, share); });
 }
 
 }  // namespace mha::bench

@@ -59,6 +59,11 @@ std::string bucket_names(BucketSet set) {
     return out;
 }
 
+// What a kernel's name ends with: nothing for f32, else its dtype.
+std::string dtype_suffix(mha::DType dtype) {
+    return dtype == mha::DType::f32 ? "" : "_" + std::string(dtype_name(dtype));
+}
+
 std::string kernel_name(const std::string &where, BucketSet buckets, const KernelVariant &v) {
     std::string name =
         "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + bucket_names(buckets);
@@ -71,11 +76,10 @@ std::string kernel_name(const std::string &where, BucketSet buckets, const Kerne
     }
     if (v.op == KernelOp::attention) {
         return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "") +
-               (v.single_query ? "_one_query" : "");
+               (v.single_query ? "_one_query" : "") + dtype_suffix(v.dtype);
     }
     return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
-           (v.returns_weights ? "_weights" : "") +
-           (v.dtype == mha::DType::f32 ? "" : "_" + std::string(dtype_name(v.dtype)));
+           (v.returns_weights ? "_weights" : "") + dtype_suffix(v.dtype);
 }
 
 // The generator of each op (generators/mha_generators.cpp).
@@ -90,7 +94,8 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
     if (v.op == KernelOp::attention) {
         params += " window=" + bool_name(v.causal) +
                   " modified_scores=" + bool_name(v.modified_scores) +
-                  " single_query=" + bool_name(v.single_query);
+                  " single_query=" + bool_name(v.single_query) +
+                  " dtype=" + std::string(dtype_name(v.dtype));
     }
     if (v.op == KernelOp::forward) {
         params += " return_weights=" + bool_name(v.returns_weights) +

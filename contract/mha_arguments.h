@@ -161,6 +161,9 @@ constexpr ElementType arg_type(ArgId id, const KernelVariant &v, Device device) 
     case ArgId::query:
     case ArgId::key:
     case ArgId::value:
+    case ArgId::q:
+    case ArgId::k:
+    case ArgId::v:
     case ArgId::q_weight:
     case ArgId::k_weight:
     case ArgId::v_weight:

@@ -321,7 +321,7 @@ struct KernelVariant {
     // keys i + window_start <= j <= i + window_end, a causal order, a sliding window or both,
     // the key tiles outside never computed.
     bool causal = false;
-    // The element type of the activations and weights it reads (forward kernels only).
+    // The element type of the activations and weights it reads (forward and attention kernels).
     DType dtype = DType::f32;
     // Attention kernels: the scores soft-capped and ALiBi's biases added (a run-time softcap of
     // 0 and slopes of 0 leave them as they are).
@@ -335,9 +335,13 @@ struct KernelVariant {
                fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype &&
                modified_scores == o.modified_scores && single_query == o.single_query;
     }
-    // Which CPU instruction sets compile it: forward kernels those of their dtype, the others
-    // the f32 ones.
-    constexpr bool compiled_for(const CpuIsa &isa) const { return isa.dtype == dtype; }
+    // Which CPU instruction sets compile it: those of its dtype (only forward and attention
+    // kernels have 16-bit ones). The attention core's bf16 kernels are dot products of pairs,
+    // which CPUs with AMX run too: those of avx512bf16 serve both.
+    constexpr bool compiled_for(const CpuIsa &isa) const {
+        return isa.dtype == dtype && (op != KernelOp::attention || dtype == DType::f32 ||
+                                      isa.bf16_products == Bf16Products::dot_pairs);
+    }
     // Decode steps and attention kernels run on the CPU only; forward kernels of every dtype on
     // GPUs, and on the CPU those of a dtype an instruction set computes in (f32, and bf16 as
     // tile products).
@@ -360,9 +364,9 @@ struct KernelVariant {
 // within its new tokens by definition): one fused QKV projection, and an attention with a byte
 // key-padding mask over the cache or none. The weights averaged over heads. The attention core:
 // every mask kind x within a window or not x modified scores or not x one query row or any, in
-// f32.
-inline constexpr std::array<KernelVariant, 100> kKernelVariants = [] {
-    std::array<KernelVariant, 100> all{};
+// f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place).
+inline constexpr std::array<KernelVariant, 124> kKernelVariants = [] {
+    std::array<KernelVariant, 124> all{};
     size_t n = 0;
     for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
@@ -380,12 +384,20 @@ inline constexpr std::array<KernelVariant, 100> kKernelVariants = [] {
         all[n++] = {KernelOp::decode, mask, false, true};
     }
     all[n++] = {KernelOp::average_heads};
-    for (MaskKind mask : kMaskKinds) {
-        for (bool window : {false, true}) {
-            for (bool modified : {false, true}) {
-                for (bool single : {false, true}) {
-                    all[n++] = {KernelOp::attention, mask,     false, false, window,
-                                DType::f32,          modified, single};
+    for (DType dtype : {DType::f32, DType::bf16}) {
+        for (MaskKind mask : kMaskKinds) {
+            for (bool window : {false, true}) {
+                for (bool modified : {false, true}) {
+                    for (bool single : {false, true}) {
+                        all[n++] = {KernelOp::attention,
+                                    mask,
+                                    false,
+                                    false,
+                                    window,
+                                    dtype,
+                                    modified,
+                                    single};
+                    }
                 }
             }
         }

@@ -25,6 +25,7 @@ struct CoreInputs {
     bool weights_are_output = false;  // a consumer reads the weights as the pipeline's output
     bool recompute_scores = false;    // separate copies for the row max and sum (ScoreSources)
     bool tile_products = false;       // Q·Kᵀ and weights·V as bf16 tile products
+    bool dot_pairs = false;           // ... or as bf16 dot products over pairs, in the same loops
 };
 
 struct CoreStages {
@@ -43,7 +44,8 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
     core.scores =
         in.tile_products
             ? tiled_scaled_scores(v, in.q_heads, in.k_heads, d, in.num_keys, in.kv_heads, group)
-            : scaled_scores(v, in.q_heads, in.k_heads, d, "", group, in.scale);
+        : in.dot_pairs ? paired_scaled_scores(v, in.q_heads, in.k_heads, d, group, in.scale)
+                       : scaled_scores(v, in.q_heads, in.k_heads, d, "", group, in.scale);
     ScoreSources sources{core.scores.result, core.scores.result, core.scores.result};
     if (in.recompute_scores) {
         core.stat_scores = {
@@ -84,7 +86,7 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
     core.context =
         in.tile_products
             ? tiled_attend_values(v, weights, in.v_heads, d, in.num_keys, in.kv_heads, group)
-            : attend_values(v, weights, in.v_heads, in.num_keys, blocks, group);
+            : attend_values(v, weights, in.v_heads, in.num_keys, blocks, group, in.dot_pairs);
     return core;
 }
 

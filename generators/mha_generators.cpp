@@ -425,6 +425,8 @@ public:
     GeneratorParam<bool> modified_scores{"modified_scores", false};
     // One query row per head (a decode step); K and V are then read where they lie.
     GeneratorParam<bool> single_query{"single_query", false};
+    // Of Q, K and V; the scores, softmax and context are f32 in every dtype.
+    GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     mha::contract::KernelVariant variant() const {
@@ -433,7 +435,7 @@ public:
                 false,
                 false,
                 window,
-                mha::DType::f32,
+                dtype,
                 modified_scores,
                 single_query};
     }
@@ -471,13 +473,20 @@ public:
             per_row(v.j, v.i, v.h, v.b) = f(v.j, position, query_head(v.i, v.h), v.b);
             return per_row;
         };
+        // bf16 rows of many queries multiply as dot products over pairs (vdpbf16ps, which CPUs
+        // with AMX have too; the core has no AMX tile form yet); one bf16 query row is read in
+        // place and widened, its step bound by the bytes of K and V.
+        const bool dot_pairs = dtype == mha::DType::bf16 && !single_query;
+        const auto as_read = [&](const Expr &x) {
+            return dot_pairs ? x : cast<float>(x);
+        };
         // Whole tiles read past the last query, key and value feature: the edges repeat.
         Func q_heads("q_heads");
-        q_heads(v.c, v.s, v.h, v.b) =
-            q(v.c, single_query ? Expr(0) : clamp(v.s, 0, Sq - 1), query_head(v.s, v.h), v.b);
-        k_heads_(v.c, v.s, v.h, v.b) = k(v.c, clamp(v.s, 0, Sk - 1), v.h, v.b);
+        q_heads(v.c, v.s, v.h, v.b) = as_read(
+            q(v.c, single_query ? Expr(0) : clamp(v.s, 0, Sq - 1), query_head(v.s, v.h), v.b));
+        k_heads_(v.c, v.s, v.h, v.b) = as_read(k(v.c, clamp(v.s, 0, Sk - 1), v.h, v.b));
         v_heads_(v.c, v.s, v.h, v.b) =
-            values(clamp(v.c, 0, dv - 1), clamp(v.s, 0, Sk - 1), v.h, v.b);
+            as_read(values(clamp(v.c, 0, dv - 1), clamp(v.s, 0, Sk - 1), v.h, v.b));
         mha::CoreInputs in;
         in.q_heads = q_heads;
         in.k_heads = k_heads_;
@@ -491,6 +500,7 @@ public:
             in.kv_group = group;
         }
         in.scale = args_.scalar(ArgId::scale);
+        in.dot_pairs = dot_pairs;
         in.masks.blocked = mha::BlockedKeys::left_out;
         if (mask_kind != mha::contract::MaskKind::none) {
             const bool bytes = mask_kind == mha::contract::MaskKind::bytes;

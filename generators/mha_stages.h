@@ -250,6 +250,8 @@ struct ScaledScores {
     // The tiled form only (tiled_scaled_scores): the queries as strips, the keys as tiles, the
     // product's tiles (dot is their view).
     HeadTileProduct tiled;
+    // The paired form only (paired_scaled_scores): the queries and the keys in bf16.
+    Halide::Func paired_queries, paired_keys;
 };
 inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                   const Halide::Func &k_heads, const Halide::Expr &head_dim,
@@ -265,6 +267,41 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
         q_heads(s.c, v.i, v.h, v.b) * k_heads(s.c, v.j, kv_head_of(v, kv_group), v.b);
     const Halide::Expr factor =
         scale.defined() ? scale : 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
+    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * factor;
+    return s;
+}
+
+// A value in bf16: as it is when it is one, else rounded.
+inline Halide::Expr as_bf16(const Halide::Expr &x) {
+    return x.type().is_bfloat() ? x : rounded_to_bf16(x);
+}
+
+// The same scores as dot products over pairs of features in bf16, accumulated in f32
+// (AVX512_BF16's vdpbf16ps: one instruction per pair and 16 keys): the queries as
+// paired_queries(c, i, h, b), the keys as paired_keys(pair, j, c / 2, h, b), pairs innermost,
+// both zero past the last feature up to a whole pair.
+inline ScaledScores paired_scaled_scores(const StageVars &v, const Halide::Func &q_heads,
+                                         const Halide::Func &k_heads, const Halide::Expr &head_dim,
+                                         const Halide::Expr &kv_group, const Halide::Expr &scale) {
+    using namespace Halide;
+    ScaledScores s;
+    s.dot = Func("qk_dot");
+    s.result = Func("scaled_scores");
+    s.paired_queries = Func("paired_queries");
+    s.paired_keys = Func("paired_keys");
+    const Expr d = head_dim, zero = cast(BFloat(16), 0.0f);
+    s.c = RDom(0, (d + 1) / 2 * 2, "scores_c");
+    Var pair("pair"), cp("cp");
+    s.paired_queries(v.c, v.i, v.h, v.b) =
+        select(v.c < d, as_bf16(q_heads(min(v.c, d - 1), v.i, v.h, v.b)), zero);
+    const Expr feature = 2 * cp + pair;
+    s.paired_keys(pair, v.j, cp, v.h, v.b) =
+        select(feature < d, as_bf16(k_heads(min(feature, d - 1), v.j, v.h, v.b)), zero);
+    s.dot(v.j, v.i, v.h, v.b) = 0.0f;
+    s.dot(v.j, v.i, v.h, v.b) +=
+        cast<float>(s.paired_queries(s.c, v.i, v.h, v.b)) *
+        cast<float>(s.paired_keys(s.c % 2, v.j, s.c / 2, kv_head_of(v, kv_group), v.b));
+    const Expr factor = scale.defined() ? scale : 1.0f / sqrt(cast<float>(d));
     s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * factor;
     return s;
 }
@@ -505,6 +542,8 @@ struct AttendValues {
     // The tiled form only (tiled_attend_values): the weights as strips, the values as tiles, the
     // product's tiles (result is their view).
     HeadTileProduct tiled;
+    // The paired form only (attend_values with `paired`): the weights and the values in bf16.
+    Halide::Func paired_weights, paired_values;
 };
 // Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
 // ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
@@ -517,13 +556,18 @@ struct CausalBlocks {
     Halide::Func first_visible;  // (i), or undefined: from the first key
     int key_block = 1, query_block = 1;
 };
+// With `paired`, as dot products over pairs of keys in bf16 accumulated in f32 (AVX512_BF16's
+// vdpbf16ps): the weights as paired_weights(j, i, h, b), the values as
+// paired_values(pair, c, j / 2, h, b), pairs innermost, both zero past the last key (the
+// reduction runs to a whole pair).
 inline AttendValues attend_values(const StageVars &v, const Halide::Func &weights,
                                   const Halide::Func &v_heads, const Halide::Expr &num_keys,
                                   const CausalBlocks &causal = {},
-                                  const Halide::Expr &kv_group = Halide::Expr()) {
+                                  const Halide::Expr &kv_group = Halide::Expr(),
+                                  bool paired = false) {
     AttendValues a;
     a.result = Halide::Func("attend_values");
-    a.j = Halide::RDom(0, num_keys, "values_j");
+    a.j = Halide::RDom(0, paired ? (num_keys + 1) / 2 * 2 : num_keys, "values_j");
     Halide::Expr key = a.j.x;
     if (causal.visible_keys.defined()) {
         const int kb = causal.key_block, qb = causal.query_block;
@@ -541,16 +585,41 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
         }
         // Blocks of one key (GPU schedules) keep the block's bounds: their register tiles need
         // constant extents.
-        if (kb > 1) {
+        // Paired, the block is promised instead, so that the simplifier still sees a key's
+        // place in its pair (key % 2) once the promise is lowered away.
+        if (kb > 1 && paired) {
+            const Halide::Expr first_block = first_key / kb;
+            key = Halide::unsafe_promise_clamped(a.j.x, first_block,
+                                                 Halide::max(blocks - 1, first_block)) *
+                      kb +
+                  a.j.y;
+        } else if (kb > 1) {
             key = Halide::unsafe_promise_clamped(a.j.x * kb + a.j.y, first_key,
                                                  Halide::max(blocks * kb - 1, 0));
         } else if (causal.first_visible.defined()) {
             key = Halide::max(key, first_key);
         }
     }
+    const Halide::Expr kv_head = kv_head_of(v, kv_group);
     a.result(v.c, v.i, v.h, v.b) = 0.0f;
+    if (!paired) {
+        a.result(v.c, v.i, v.h, v.b) +=
+            weights(key, v.i, v.h, v.b) * v_heads(v.c, key, kv_head, v.b);
+        return a;
+    }
+    using namespace Halide;
+    const Expr zero = cast(BFloat(16), 0.0f);
+    a.paired_weights = Func("paired_weights");
+    a.paired_values = Func("paired_values");
+    a.paired_weights(v.j, v.i, v.h, v.b) =
+        select(v.j < num_keys, as_bf16(weights(v.j, v.i, v.h, v.b)), zero);
+    Var pair("pair"), jp("jp");
+    const Expr value_key = 2 * jp + pair;
+    a.paired_values(pair, v.c, jp, v.h, v.b) = select(
+        value_key < num_keys, as_bf16(v_heads(v.c, min(value_key, num_keys - 1), v.h, v.b)), zero);
     a.result(v.c, v.i, v.h, v.b) +=
-        weights(key, v.i, v.h, v.b) * v_heads(v.c, key, kv_head_of(v, kv_group), v.b);
+        cast<float>(a.paired_weights(key, v.i, v.h, v.b)) *
+        cast<float>(a.paired_values(key % 2, v.c, key / 2, kv_head, v.b));
     return a;
 }
 

@@ -36,19 +36,31 @@ inline void fork_over_cores(Halide::Stage stage, const Halide::VarOrRVar &var,
 
 // An accumulator computed whole inside one register tile at `at`: both definitions vectorized
 // along `cols` and unrolled along `rows`, the update's reduction variables `k` (innermost first)
-// outside the tile.
+// outside the tile. With `pairs` (a product of bf16 pairs, paired_scaled_scores), the innermost
+// one is taken two at a time inside each vector, which Halide emits as one vdpbf16ps.
 inline void schedule_register_tile(Halide::Func acc, const Halide::LoopLevel &at,
                                    const Halide::Var &cols, const Halide::Var &rows,
-                                   const std::vector<Halide::RVar> &k, int vec) {
-    using Halide::MemoryType;
+                                   std::vector<Halide::RVar> k, int vec, bool pairs = false) {
+    using namespace Halide;
     acc.compute_at(at)
         .store_in(MemoryType::Register)
         .vectorize(cols, vec)
         .unroll(cols)
         .unroll(rows);
-    std::vector<Halide::VarOrRVar> order = {cols, rows};
+    Stage update = acc.update();
+    std::vector<VarOrRVar> order = {cols, rows};
+    RVar pair("pair"), pairs_of_k("pairs_of_k");
+    if (pairs) {
+        update.split(k[0], pairs_of_k, pair, 2);
+        k[0] = pairs_of_k;
+        order.insert(order.begin(), pair);
+    }
     order.insert(order.end(), k.begin(), k.end());
-    acc.update().reorder(order).vectorize(cols, vec).unroll(cols).unroll(rows);
+    update.reorder(order);
+    if (pairs) {
+        update.atomic().vectorize(pair);
+    }
+    update.vectorize(cols, vec).unroll(cols).unroll(rows);
 }
 
 // A projection (init + update over k) as a register-tiled GEMM: a wrapper computed in whole
@@ -234,8 +246,14 @@ inline Halide::Func schedule_attention_tile(const StageVars &v, ScaledScores &sc
         .vectorize(ji, vec)
         .unroll(ji)
         .unroll(qii);
+    const bool pairs = scores.paired_queries.defined();
     schedule_register_tile(scores.dot, LoopLevel(score_tiles, shared ? qio : jo), v.j, v.i,
-                           {scores.c.x}, vec);
+                           {scores.c.x}, vec, pairs);
+    if (pairs) {
+        scores.paired_queries.store_at(owner, task_loop)
+            .compute_at(owner, tile_loop)
+            .vectorize(v.c, 2 * vec, whole);
+    }
     schedule_softmax_tile(v, sm, owner, task_loop, tile_loop, sp);
     return score_tiles;
 }
@@ -393,7 +411,8 @@ inline void schedule_key_blocked_values(const StageVars &v, AttendValues &contex
         .unroll(ii);
     const std::vector<RVar> keys =
         causal ? std::vector<RVar>{context.j.y, in_block} : std::vector<RVar>{in_block};
-    schedule_register_tile(partial, LoopLevel(tile, io), v.c, v.i, keys, vec);
+    schedule_register_tile(partial, LoopLevel(tile, io), v.c, v.i, keys, vec,
+                           context.paired_values.defined());
 }
 
 // Where the attention core's tile buffers live: the loops of a task and of its tiles, of `owner`.
@@ -434,22 +453,43 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
     // the window's O(Sq·W·d).
     const Expr tiles = (num_keys + key_cols - 1) / key_cols;
     const Expr key_tiles = core.windowed ? 2 * tiles + 1 : tiles;
-    k_heads.compute_root()
-        .bound(v.s, 0, key_tiles * key_cols + vec)
-        .reorder_storage(v.s, v.c, v.h, v.b)
-        .split(v.s, so, si, vec, whole)
-        .reorder(si, v.c, so, v.h, v.b)
-        .fuse(v.h, v.b, hb)
-        .vectorize(si);
-    fork_over_cores(k_heads, hb, sp);
-
     // V is copied head-major, so weights·V streams each head's values contiguously instead of
     // striding across the projection's rows (page-sized strides defeat the prefetchers).
-    v_heads.compute_root()
-        .split(v.c, co_copy, ci_copy, vec, whole)
-        .fuse(v.h, v.b, hb_copy)
-        .vectorize(ci_copy);
-    fork_over_cores(v_heads, hb_copy, sp);
+    // Products of bf16 pairs copy K and V in their paired layouts instead, in bf16.
+    const bool pairs = core.scores.paired_keys.defined();
+    if (pairs) {
+        Func keys = core.scores.paired_keys, values = core.context.paired_values;
+        const std::vector<Var> k = keys.args(), w = values.args();  // (pair, ·, ·, h, b)
+        keys.compute_root()
+            .bound(v.j, 0, key_tiles * key_cols + vec)
+            .split(v.j, so, si, vec, whole)
+            .reorder(k[0], si, k[2], so, v.h, v.b)
+            .fuse(v.h, v.b, hb)
+            .vectorize(k[0])
+            .vectorize(si);
+        values.compute_root()
+            .split(v.c, co_copy, ci_copy, vec, whole)
+            .reorder(w[0], ci_copy, co_copy, w[2], v.h, v.b)
+            .fuse(v.h, v.b, hb_copy)
+            .vectorize(w[0])
+            .vectorize(ci_copy);
+        fork_over_cores(keys, hb, sp);
+        fork_over_cores(values, hb_copy, sp);
+    } else {
+        k_heads.compute_root()
+            .bound(v.s, 0, key_tiles * key_cols + vec)
+            .reorder_storage(v.s, v.c, v.h, v.b)
+            .split(v.s, so, si, vec, whole)
+            .reorder(si, v.c, so, v.h, v.b)
+            .fuse(v.h, v.b, hb)
+            .vectorize(si);
+        v_heads.compute_root()
+            .split(v.c, co_copy, ci_copy, vec, whole)
+            .fuse(v.h, v.b, hb_copy)
+            .vectorize(ci_copy);
+        fork_over_cores(k_heads, hb, sp);
+        fork_over_cores(v_heads, hb_copy, sp);
+    }
 
     // weights·V: register tiles of (feature, query), accumulating in registers.
     Var io("io"), ii("ii"), iop("iop"), iot("iot");
@@ -481,7 +521,7 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
                                        : std::vector<RVar>{core.context.j.x};
     if (sp.shared_keys == 0) {
         schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys,
-                               vec);
+                               vec, pairs);
     } else {
         schedule_key_blocked_values(v, core.context, core.softmax.causal, context_tiles, iot, sp);
     }
@@ -495,8 +535,10 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
         tile_owner = sm.weights;
         std::tie(task_loop, tile_loop) =
             schedule_weights_output(v, sm, sp.attention_rows, tiles_per_task, sp);
-    } else if (sp.materialize_weights) {
-        sm.weights.store_at(context_tiles, iop)
+    } else if (sp.materialize_weights || pairs) {
+        // Paired, the weights are stored in bf16, rounded once.
+        Func weights = pairs ? core.context.paired_weights : sm.weights;
+        weights.store_at(context_tiles, iop)
             .compute_at(context_tiles, iot)
             .vectorize(v.j, vec, whole)
             .fold_storage(v.i, sp.attention_rows);

@@ -1,6 +1,6 @@
 // mha::attention: a call checked (attention_params.cpp), its kernel chosen (dispatch.cpp), its
-// tensors given to the kernel where they lie when they are f32 with contiguous rows, else
-// converted through scratch memory, and the kernel run.
+// tensors given to the kernel where they lie when they are of its element type with contiguous
+// rows, else converted through scratch memory, and the kernel run.
 #include <fmt/format.h>
 
 #include <type_traits>
@@ -56,26 +56,43 @@ int64_t elements(const Strided &s) {
     return n;
 }
 
-// A view the kernel reads as f32 with contiguous rows: the caller's memory when it is that, else
-// a dense copy held for the call.
+// A view the kernel reads with contiguous rows, in its element type (f32, or bf16 for a bf16
+// kernel given bf16): the caller's memory when it is that, else a dense copy held for the call.
 class KernelInput {
 public:
     template <typename T>
-    KernelInput(const T *data, const Strided &s) : strided_(s) {
-        if constexpr (std::is_same_v<T, float>) {
+    KernelInput(const T *data, const Strided &s, DType kernel_dtype) : strided_(s) {
+        if (kernel_dtype == DType::f32) {
+            store(data, s, f32_memory_);
+        } else if constexpr (std::is_same_v<T, bfloat16>) {
+            store(data, s, bf16_memory_);
+        } else {
+            throw Error("internal error: a bf16 attention kernel was chosen for another dtype");
+        }
+    }
+    HostBuffer buffer() const {
+        return view_buffer(data_, type_, strided_.rank, strided_.shape.data(),
+                           strided_.strides.data());
+    }
+
+private:
+    template <typename T, typename K>
+    void store(const T *data, const Strided &s, std::optional<Scratch<K>> &memory) {
+        type_ = halide_type_of<K>();
+        if constexpr (std::is_same_v<T, K>) {
             if (s.dense_rows()) {
                 data_ = data;
                 return;
             }
         }
-        memory_.emplace(elements(s));
-        float *dense = memory_->data();
+        memory.emplace(elements(s));
+        K *dense = memory->data();
         for_each_row(s, [&](int64_t at, int64_t to, int64_t n, bool contiguous) {
             if (contiguous) {
                 convert(data + at, dense + to, n);
             } else {
                 for (int64_t c = 0; c < n; c++) {
-                    dense[to + c] = widen(data[at + c * s.strides[s.rank - 1]]);
+                    dense[to + c] = narrow<K>(widen(data[at + c * s.strides[s.rank - 1]]));
                 }
             }
         });
@@ -84,15 +101,12 @@ public:
             strided_.strides[d] = stride;
         }
     }
-    HostBuffer buffer() const {
-        return view_buffer(data_, halide_type_of<float>(), strided_.rank, strided_.shape.data(),
-                           strided_.strides.data());
-    }
 
-private:
-    const float *data_ = nullptr;
+    const void *data_ = nullptr;
+    halide_type_t type_;
     Strided strided_;
-    std::optional<ScratchFloats> memory_;
+    std::optional<ScratchFloats> f32_memory_;
+    std::optional<Scratch<bfloat16>> bf16_memory_;
 };
 
 // The output the kernel writes, f32 with contiguous rows: the caller's memory when it is that,
@@ -157,9 +171,11 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
                    const AttentionOptions &options) {
     install_runtime_hooks();
     const AttentionParams p = check_attention(erased(query), erased(key), erased(value),
-                                              erased(output), sizeof(T), options);
+                                              erased(output), dtype_of<T>(), options);
     const CompiledKernel &kernel = select_kernel(p);
-    const KernelInput q(query.data, p.query), k(key.data, p.key), v(value.data, p.value);
+    const DType reads = kernel.variant.dtype;
+    const KernelInput q(query.data, p.query, reads), k(key.data, p.key, reads),
+        v(value.data, p.value, reads);
     const KernelOutput<T> out(output.data, p.output);
     const Strided lse_shape{{p.batch, p.heads, p.query_len}, {}, 3};
     const KernelOutput<float> lse(p.has_lse ? options.lse->data : nullptr,
@@ -210,6 +226,20 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
     lse.finish();
 }
 
+template <typename T>
+std::string kernel_name_for(const StridedView<const T> &query, const StridedView<const T> &key,
+                            const StridedView<const T> &value, const AttentionOptions &options) {
+    // The output is only checked: a view of the query's shape with dv features, never written.
+    std::vector<int64_t> shape = query.shape;
+    if (shape.size() == 4 && value.shape.size() == 4) {
+        shape[3] = value.shape[3];
+    }
+    static T unwritten;
+    const AttentionParams p = check_attention(erased(query), erased(key), erased(value),
+                                              {&unwritten, shape, {}}, dtype_of<T>(), options);
+    return std::string(select_kernel(p).name);
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -233,16 +263,19 @@ std::string attention_kernel_name(const StridedView<const float> &query,
                                   const StridedView<const float> &key,
                                   const StridedView<const float> &value,
                                   const AttentionOptions &options) {
-    // The output is only checked: a view of the query's shape with dv features, never written.
-    std::vector<int64_t> shape = query.shape;
-    if (shape.size() == 4 && value.shape.size() == 4) {
-        shape[3] = value.shape[3];
-    }
-    static float unwritten;
-    const detail::AttentionParams p =
-        detail::check_attention(detail::erased(query), detail::erased(key), detail::erased(value),
-                                {&unwritten, shape, {}}, sizeof(float), options);
-    return std::string(detail::select_kernel(p).name);
+    return detail::kernel_name_for(query, key, value, options);
+}
+std::string attention_kernel_name(const StridedView<const bfloat16> &query,
+                                  const StridedView<const bfloat16> &key,
+                                  const StridedView<const bfloat16> &value,
+                                  const AttentionOptions &options) {
+    return detail::kernel_name_for(query, key, value, options);
+}
+std::string attention_kernel_name(const StridedView<const float16> &query,
+                                  const StridedView<const float16> &key,
+                                  const StridedView<const float16> &value,
+                                  const AttentionOptions &options) {
+    return detail::kernel_name_for(query, key, value, options);
 }
 
 }  // namespace mha

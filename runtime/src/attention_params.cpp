@@ -103,10 +103,12 @@ void check_extent(const char *name, int dimension, int64_t got, const char *than
 AttentionParams check_attention(const StridedView<const void> &query,
                                 const StridedView<const void> &key,
                                 const StridedView<const void> &value,
-                                const StridedView<void> &output, int64_t element_bytes,
+                                const StridedView<void> &output, DType dtype,
                                 const AttentionOptions &options) {
     const char *layout = "[batch, heads, sequence, features]";
+    const int64_t element_bytes = dtype == DType::f32 ? 4 : 2;
     AttentionParams p{};
+    p.dtype = dtype;
     p.query = checked("query", query, 4, layout, element_bytes);
     p.key = checked("key", key, 4, layout, element_bytes);
     p.value = checked("value", value, 4, layout, element_bytes);

@@ -21,6 +21,7 @@ struct Strided {
 };
 
 struct AttentionParams {
+    DType dtype;                                                              // of the tensors
     int64_t batch, heads, kv_heads, query_len, key_len, head_dim, value_dim;  // B, H, Hkv, ...
     Strided query, key, value, output, lse;
     bool has_lse;
@@ -37,12 +38,12 @@ struct AttentionParams {
     std::array<int64_t, 4> scores_shape() const { return {batch, heads, query_len, key_len}; }
 };
 
-// Checks a call of mha::attention on views whose elements are `element_bytes` wide (every view's
-// data read as the type the caller gave).
+// Checks a call of mha::attention on views whose elements are of `dtype` (every view's data read
+// as the type the caller gave).
 AttentionParams check_attention(const StridedView<const void> &query,
                                 const StridedView<const void> &key,
                                 const StridedView<const void> &value,
-                                const StridedView<void> &output, int64_t element_bytes,
+                                const StridedView<void> &output, DType dtype,
                                 const AttentionOptions &options);
 
 }  // namespace mha::detail

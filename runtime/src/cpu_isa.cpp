@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -116,6 +117,24 @@ bool amx_permitted() {
 #endif
 }
 
+// Whether vdpbf16ps multiplies bf16 faster than the FMAs multiply f32, which makes the bf16
+// kernels of dot products worth their roundings: on AMD's cores (Zen 5: 982 GFLOP/s against
+// sgemm's 454, two threads), not on Intel's (Emerald Rapids with its AMX hidden by a VM: 86
+// GFLOP/s per core against sgemm's 132, and bf16 modules at 0.64-0.70x the f32 ones;
+// bench/RESULTS.md). The vendor is CPUID's.
+bool dot_pairs_outrun_fmas() {
+#if defined(__x86_64__)
+    static const bool amd = [] {
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        __get_cpuid(0, &eax, &ebx, &ecx, &edx);
+        return ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
+    }();
+    return amd;
+#else
+    return false;
+#endif
+}
+
 }  // namespace
 
 size_t cpu_isa() {
@@ -123,15 +142,24 @@ size_t cpu_isa() {
     return chosen(choice);
 }
 
-std::optional<size_t> bf16_isa(DType dtype) {
+std::optional<size_t> bf16_isa(DType dtype, Bf16Use use) {
     if (dtype == DType::f32) {
         return std::nullopt;
     }
+    const char *cap = std::getenv("MHA_CPU_ISA");
     for (size_t isa = best_isa(); isa < contract::kCpuIsas.size(); isa++) {
         const contract::CpuIsa &candidate = contract::kCpuIsas[isa];
-        const bool permitted =
-            candidate.bf16_products != contract::Bf16Products::amx_tiles || amx_permitted();
-        if (candidate.arch == kArch && candidate.dtype == dtype && linked(isa) && permitted) {
+        const bool dot_pairs = candidate.bf16_products == contract::Bf16Products::dot_pairs;
+        const bool named = cap != nullptr && candidate.name == cap;
+        // Reading takes AVX512_BF16's kernels; products AMX's, or the dot products where they
+        // outrun the FMAs or MHA_CPU_ISA names them.
+        bool usable = dot_pairs;
+        if (use == Bf16Use::products) {
+            usable = candidate.bf16_products == contract::Bf16Products::amx_tiles
+                         ? amx_permitted()
+                         : dot_pairs && (dot_pairs_outrun_fmas() || named);
+        }
+        if (candidate.arch == kArch && candidate.dtype == dtype && linked(isa) && usable) {
             return isa;
         }
     }

@@ -15,10 +15,17 @@ namespace mha::detail {
 // one of them, and the build's instruction sets when the CPU runs none of them.
 size_t cpu_isa();
 
-// The best instruction set whose forward kernels take `dtype` (bf16: AMX's tile products, or
+// What a call's bf16 kernels do with bf16 values: multiply them (a module's projections, the
+// attention core's products of many query rows), or only read and widen them (one query row per
+// head, whose step is bound by the bytes of K and V).
+enum class Bf16Use { products, reads };
+
+// The best instruction set whose kernels take `dtype` for `use` (bf16: AMX's tile products, or
 // AVX512_BF16's dot products), when the CPU has it, the operating system lets this process use
 // it (for AMX, Linux is asked for its tile state once, arch_prctl), MHA_CPU_ISA does not cap it
-// away and the build has its kernels; none for f32 or otherwise.
-std::optional<size_t> bf16_isa(DType dtype);
+// away and the build has its kernels; none for f32 or otherwise. For products, AVX512_BF16's
+// dot products only where they outrun the f32 FMAs (dot_pairs_outrun_fmas) or MHA_CPU_ISA
+// names them; to read, its kernels wherever the CPU runs them, AMX's CPUs included.
+std::optional<size_t> bf16_isa(DType dtype, Bf16Use use = Bf16Use::products);
 
 }  // namespace mha::detail

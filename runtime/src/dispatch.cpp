@@ -54,9 +54,18 @@ const CompiledKernel &select_kernel(const AttentionParams &p) {
     v.causal = p.window;                    // a causal order or a sliding window, or both
     v.modified_scores = p.modified_scores;  // soft-capping or ALiBi
     v.single_query = p.query_len == 1;      // a decode step: K and V read where they lie
-    v.dtype = DType::f32;                   // 16-bit tensors are widened to it
+    // bf16 tensors read as they are by the kernels of AVX512_BF16's dot products (one query
+    // row: wherever the CPU has them; more: where they outrun the f32 FMAs, see bf16_isa); every
+    // other 16-bit call widened to f32.
+    const KernelComponent &component = component_for(Device::cpu);
+    const Bf16Use use = v.single_query ? Bf16Use::reads : Bf16Use::products;
+    std::optional<size_t> bf16 = p.dtype == DType::bf16 ? bf16_isa(p.dtype, use) : std::nullopt;
+    if (bf16 && contract::kCpuIsas[*bf16].bf16_products != contract::Bf16Products::dot_pairs) {
+        bf16.reset();  // AMX's tile products: the attention core has no kernels of them
+    }
+    v.dtype = bf16 ? DType::bf16 : DType::f32;
     const CompiledKernel *kernel =
-        find_kernel(component_for(Device::cpu), int(cpu_isa()), p.batch * p.query_len, v);
+        find_kernel(component, int(bf16 ? *bf16 : cpu_isa()), p.batch * p.query_len, v);
     if (kernel == nullptr) {
         throw Error("internal error: the cpu kernels have no attention variant for this call");
     }

@@ -21,7 +21,8 @@ struct ForwardKernels {
 };
 
 ForwardKernels select_kernel(const ForwardParams &p);
-// The attention core's kernel (mha::attention): on the CPU's f32 instruction set.
+// The attention core's kernel (mha::attention): for bf16 tensors those of AVX512_BF16's dot
+// products where bf16_isa gives them, else f32 on the CPU's f32 instruction set.
 const CompiledKernel &select_kernel(const AttentionParams &p);
 
 // Runs `kernels` on the call's tensors (views of their memory, of the element type the kernels

@@ -260,16 +260,34 @@ TEST_P(AttentionCore, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionCore, ::testing::ValuesIn(cases()),
                          [](const auto &info) { return info.param.name; });
 
+// Every f32 case again in bf16: the bf16 kernels (products of bf16 pairs) where the CPU has a
+// bf16 instruction set, the f32 ones on widened tensors elsewhere.
+std::vector<Case> bf16_cases() {
+    std::vector<Case> all;
+    for (Case c : cases()) {
+        if (c.dtype == DType::f32) {
+            c.dtype = DType::bf16;
+            all.push_back(c);
+        }
+    }
+    return all;
+}
+INSTANTIATE_TEST_SUITE_P(Bf16Cases, AttentionCore, ::testing::ValuesIn(bf16_cases()),
+                         [](const auto &info) { return info.param.name; });
+
+// The semantics below hold in every dtype the kernels read.
+class AttentionSemantics : public ::testing::TestWithParam<DType> {};
+
 // A row that no key weighs gets a zero output and a log-sum-exp of -inf, as SDPA gives: every key
 // left out by a boolean mask, -inf added by a float mask, or outside its window.
-TEST(AttentionSemantics, RowsNoKeyWeighsAreZero) {
+TEST_P(AttentionSemantics, RowsNoKeyWeighsAreZero) {
     AttentionProblem p = mha::problems::random_attention_problem(kSelf, mha::testing::next_seed());
     mha::problems::add_random_attention_mask(p, true, {41, 41}, mha::testing::next_seed());
     for (int64_t j = 0; j < 41; j++) {
         p.bools[3 * 41 + j] = 0;  // query 3 keeps no key
     }
-    expect_matches_reference(p);
-    const auto got = mha::problems::run_attention(p, Layout::heads_outer);
+    expect_matches_reference(p, Layout::heads_outer, GetParam());
+    const auto got = mha::problems::run_attention(p, Layout::heads_outer, GetParam());
     for (int64_t c = 0; c < 32; c++) {
         EXPECT_EQ(got.output[3 * 32 + c], 0.0f);
     }
@@ -281,13 +299,13 @@ TEST(AttentionSemantics, RowsNoKeyWeighsAreZero) {
     for (int64_t j = 0; j < 41; j++) {
         floats.floats[5 * 41 + j] = -std::numeric_limits<float>::infinity();
     }
-    expect_matches_reference(floats);
+    expect_matches_reference(floats, Layout::heads_outer, GetParam());
 
     // Queries before the first key in a bottom-right order (Sq > Sk) see none.
     AttentionProblem early = mha::problems::random_attention_problem({1, 2, 2, 19, 7, 16, 16},
                                                                      mha::testing::next_seed());
     early.causal = Causal::bottom_right;
-    expect_matches_reference(early);
+    expect_matches_reference(early, Layout::heads_outer, GetParam());
 
     // A decode step (the single-query kernels) whose batch row 1 keeps no key.
     AttentionProblem step = mha::problems::random_attention_problem({2, 2, 1, 1, 33, 16, 16},
@@ -296,8 +314,8 @@ TEST(AttentionSemantics, RowsNoKeyWeighsAreZero) {
     for (int64_t j = 0; j < 33; j++) {
         step.bools[33 + j] = 0;
     }
-    expect_matches_reference(step);
-    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer);
+    expect_matches_reference(step, Layout::heads_outer, GetParam());
+    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer, GetParam());
     for (int64_t n = 2 * 16; n < 4 * 16; n++) {
         EXPECT_EQ(step_got.output[n], 0.0f) << "element " << n;
     }
@@ -306,12 +324,12 @@ TEST(AttentionSemantics, RowsNoKeyWeighsAreZero) {
 }
 
 // NaN reaches what it touches: a NaN query makes its row NaN; a NaN key every row that sees it.
-TEST(AttentionSemantics, NanPropagatesAsInSdpa) {
+TEST_P(AttentionSemantics, NanPropagatesAsInSdpa) {
     AttentionProblem p = mha::problems::random_attention_problem(kSelf, mha::testing::next_seed());
     p.query[7 * 32 + 3] = std::nanf("");
     p.key[(1 * 41 + 20) * 32 + 5] = std::nanf("");  // head 1, key 20
     p.causal = Causal::top_left;
-    const auto got = mha::problems::run_attention(p, Layout::heads_outer);
+    const auto got = mha::problems::run_attention(p, Layout::heads_outer, GetParam());
     const auto want = mha::reference::attention(p);
     for (size_t n = 0; n < want.output.size(); n++) {
         ASSERT_EQ(std::isnan(got.output[n]), std::isnan(want.output[n])) << "element " << n;
@@ -322,10 +340,15 @@ TEST(AttentionSemantics, NanPropagatesAsInSdpa) {
     AttentionProblem step = mha::problems::random_attention_problem({1, 4, 2, 1, 29, 16, 16},
                                                                     mha::testing::next_seed());
     step.key[(1 * 29 + 11) * 16 + 2] = std::nanf("");  // key head 1 (query heads 2, 3), key 11
-    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer);
+    const auto step_got = mha::problems::run_attention(step, Layout::heads_outer, GetParam());
     for (int64_t h = 0; h < 4; h++) {
         EXPECT_EQ(std::isnan(step_got.output[h * 16]), h >= 2) << "head " << h;
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionSemantics, ::testing::Values(DType::f32, DType::bf16),
+                         [](const auto &info) {
+                             return std::string(mha::contract::dtype_name(info.param));
+                         });
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <string_view>
 
 #include "dtype.h"
 #include "mha_contract.h"
@@ -193,11 +194,15 @@ void expect_16_bit_weights_and_output(DType dtype) {
 // The bf16 instruction set a bf16 module runs, asked without Halide: amx where the CPU has
 // AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), else avx512bf16 where it has
 // AVX512_BF16 (leaf 7 subleaf 1: EAX bit 5) and the AVX-512 VBMI that Halide's avx512_zen4 also
-// asks for (leaf 7: ECX bit 1); a cap of MHA_CPU_ISA below one leaves the next, or none.
+// asks for (leaf 7: ECX bit 1), on an AMD CPU (leaf 0's vendor) or when MHA_CPU_ISA names it; a
+// cap of MHA_CPU_ISA below one leaves the next, or none.
 std::string cpu_bf16_isa() {
     std::string isa;
 #if defined(__x86_64__)
     unsigned eax, ebx, ecx, edx;
+    __get_cpuid(0, &eax, &ebx, &ecx, &edx);
+    const bool amd = std::string_view(reinterpret_cast<const char *>(&ebx), 4) == "Auth" &&
+                     std::string_view(reinterpret_cast<const char *>(&ecx), 4) == "cAMD";
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
         return isa;
     }
@@ -207,11 +212,37 @@ std::string cpu_bf16_isa() {
     const std::string capped = cap ? cap : "amx";
     if (amx && capped == "amx") {
         isa = "amx";
-    } else if (bf16 && vbmi && (capped == "amx" || capped == "avx512bf16")) {
+    } else if (bf16 && vbmi && ((capped == "amx" && amd) || capped == "avx512bf16")) {
         isa = "avx512bf16";
     }
 #endif
     return isa;
+}
+
+// bf16 attention reads its tensors in place where the CPU has AVX512_BF16 (and VBMI) and
+// MHA_CPU_ISA leaves it: one query row per head on any such CPU, more rows where a bf16 module
+// runs avx512bf16's dot products (else the f32 kernels on widened tensors).
+TEST(Dtypes16, Bf16AttentionReadsBf16WhereTheCpuCan) {
+    bool dot_pairs = false;
+#if defined(__x86_64__)
+    unsigned eax, ebx, ecx, edx;
+    const bool vbmi = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx >> 1 & 1);
+    dot_pairs = vbmi && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
+#endif
+    const char *cap = std::getenv("MHA_CPU_ISA");
+    const std::string capped = cap ? cap : "amx";
+    const bool reads = dot_pairs && (capped == "amx" || capped == "avx512bf16");
+    const bool products = cpu_bf16_isa() == "avx512bf16";
+    for (const int64_t queries : {1, 7}) {
+        const int64_t heads = 4, kv_heads = 2, keys = 19, d = 16;
+        std::vector<mha::bfloat16> q(size_t(heads * queries * d)), kv(size_t(kv_heads * keys * d));
+        const mha::StridedView<const mha::bfloat16> query{q.data(), {1, heads, queries, d}, {}},
+            key{kv.data(), {1, kv_heads, keys, d}, {}};
+        const std::string kernel = mha::attention_kernel_name(query, key, key);
+        const bool bf16 = queries == 1 ? reads : products;
+        EXPECT_EQ(kernel.find("_cpu_avx512bf16_") != std::string::npos, bf16) << kernel;
+        EXPECT_EQ(kernel.find("_bf16") != std::string::npos, bf16) << kernel;
+    }
 }
 
 // A bf16 module runs the bf16 instruction set's kernels where the CPU has one and MHA_CPU_ISA

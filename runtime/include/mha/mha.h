@@ -339,9 +339,13 @@ struct AttentionOptions {
 // [B, S, H, d] alike, read in place when each row's features are contiguous (copied otherwise).
 // As F.scaled_dot_product_attention: a key a boolean mask leaves out, or a float mask adds -inf
 // to, weighs exactly 0; a query that no key weighs gets a zero output (and -inf in lse); NaN
-// reaches what it touches. 16-bit tensors are widened exactly and computed in f32, the output
-// rounded to the nearest even. Runs on the CPU; may be called from several threads at once. Bad
-// shapes, strides and options raise mha::Error naming the argument.
+// reaches what it touches. bf16 tensors are read as they are where the CPU has AVX512_BF16:
+// one query row per head widened as it is read; more rows, where dispatched_isa(DType::bf16) is
+// "avx512bf16" (AMD's CPUs), with Q·Kᵀ and weights·V as products of bf16 pairs accumulated in
+// f32 (the weights rounded to bf16 first), the softmax in f32. Other 16-bit calls are widened
+// exactly and computed in f32. 16-bit outputs are rounded to the nearest even. Runs on the
+// CPU; may be called from several threads at once. Bad shapes, strides and options raise
+// mha::Error naming the argument.
 void attention(const StridedView<const float> &query, const StridedView<const float> &key,
                const StridedView<const float> &value, const StridedView<float> &output,
                const AttentionOptions &options = {});
@@ -356,6 +360,14 @@ std::string attention_kernel_name(const StridedView<const float> &query,
                                   const StridedView<const float> &key,
                                   const StridedView<const float> &value,
                                   const AttentionOptions &options = {});
+std::string attention_kernel_name(const StridedView<const bfloat16> &query,
+                                  const StridedView<const bfloat16> &key,
+                                  const StridedView<const bfloat16> &value,
+                                  const AttentionOptions &options = {});
+std::string attention_kernel_name(const StridedView<const float16> &query,
+                                  const StridedView<const float16> &key,
+                                  const StridedView<const float16> &value,
+                                  const AttentionOptions &options = {});
 
 // The instruction set whose f32 CPU kernels this process runs: on x86-64 "avx512", "avx2" or
 // "sse41" (the library carries all three and runs the best one the CPU supports, as Halide's
@@ -363,9 +375,11 @@ std::string attention_kernel_name(const StridedView<const float> &query,
 // choice), on arm64 "neon". Decided once per process; an MHA_CPU_ISA that names none of the
 // library's raises mha::Error here and in every CPU module's constructor.
 std::string dispatched_isa();
-// The instruction set whose CPU kernels a module of `dtype` runs: for bf16 "amx" or "avx512bf16"
-// where the CPU has them and MHA_CPU_ISA does not cap them away (for embed_dim >= 32, one bf16
-// tile slice), else the f32 one, on whose kernels a bf16 or f16 module runs its rounded values.
+// The instruction set whose CPU kernels a module of `dtype` runs: for bf16 "amx" where the CPU
+// has it, "avx512bf16" where it has AVX512_BF16 whose dot products outrun its f32 FMAs (AMD's
+// CPUs; on others only when MHA_CPU_ISA names it), when MHA_CPU_ISA does not cap them away (for
+// embed_dim >= 32, one bf16 tile slice), else the f32 one, on whose kernels a bf16 or f16 module
+// runs its rounded values.
 std::string dispatched_isa(DType dtype);
 
 // The CPU kernels' threads: `threads` from now on, or with 0 what Halide decides (HL_NUM_THREADS,

@@ -3,7 +3,8 @@
 // a streaming read) and a hand-written BLAS multi-head attention, at 1 and 2 threads.
 // bench/compare.py adds PyTorch and ONNX Runtime and the tables.
 //
-// Names: sgemm2048/threads:T, bf16dot/threads:T (the vdpbf16ps peak, where the CPU has it),
+// Names: sgemm2048/threads:T, fma/threads:T, bf16dot/threads:T and f16widened/threads:T (the
+// peaks of f32 FMAs, vdpbf16ps and f16 products widened into f32, where the CPU has them),
 // stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
 // with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T,
 // dtype/<shape>/dtype:<f32 | bf16 | f16>/threads:T and stage/<stage>/<shape>/threads:T. Counters:
@@ -21,7 +22,6 @@
 
 #include "HalideBuffer.h"
 #include "HalideRuntime.h"
-#include "bf16_dot_peak.h"
 #include "blas_mha.h"
 #include "command_line.h"
 #include "mha_attend_values.h"
@@ -31,6 +31,7 @@
 #include "mha_scaled_scores.h"
 #include "mha_split_heads.h"
 #include "problems.h"
+#include "product_peaks.h"
 #include "stream_read.h"
 #include "sweeps.h"
 
@@ -85,14 +86,14 @@ void sgemm_ceiling(benchmark::State &state, int threads) {
         benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// The vdpbf16ps peak of this machine (bf16_dot_peak.h), the ceiling of the bf16 products of the
-// avx512bf16 kernels.
-void bf16_dot_ceiling(benchmark::State &state, int threads) {
-    const int64_t instructions = int64_t(1) << 24;
+// A product peak of this machine (product_peaks.h): f32 FMAs, vdpbf16ps (the ceiling of the
+// avx512bf16 kernels' products), f16 products widened into f32.
+void product_ceiling(benchmark::State &state, mha::bench::Products products, int threads) {
+    const int64_t steps = int64_t(1) << 24;
     for (auto _ : state) {
-        benchmark::DoNotOptimize(mha::bench::bf16_dot_chains(instructions, threads));
+        benchmark::DoNotOptimize(mha::bench::product_chains(products, steps, threads));
     }
-    state.counters["GFLOP/s"] = benchmark::Counter(64.0 * double(instructions) * threads * 1e-9,
+    state.counters["GFLOP/s"] = benchmark::Counter(64.0 * double(steps) * threads * 1e-9,
                                                    benchmark::Counter::kIsIterationInvariantRate);
 }
 
@@ -309,10 +310,15 @@ void register_all(const std::vector<int> &thread_counts) {
                                      sgemm_ceiling, threads)
             ->Unit(benchmark::kMillisecond)
             ->MinTime(0.5);
-        if (mha::bench::has_bf16_dot()) {
-            benchmark::RegisterBenchmark(fmt::format("bf16dot/threads:{}", threads).c_str(),
-                                         bf16_dot_ceiling, threads)
-                ->Unit(benchmark::kMillisecond);
+        using mha::bench::Products;
+        for (const auto &[name, products] : {std::pair{"fma", Products::f32_fma},
+                                             {"bf16dot", Products::bf16_dot},
+                                             {"f16widened", Products::f16_widened}}) {
+            if (mha::bench::has_products(products)) {
+                benchmark::RegisterBenchmark(fmt::format("{}/threads:{}", name, threads).c_str(),
+                                             product_ceiling, products, threads)
+                    ->Unit(benchmark::kMillisecond);
+            }
         }
     }
     for (const Dims &d : mha::bench::kBenchmarkSweep) {

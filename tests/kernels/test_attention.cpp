@@ -126,6 +126,12 @@ std::vector<Case> cases() {
     all.push_back(make_case("multi_query", {2, 6, 1, 11, 23, 48, 48}));
     all.push_back(
         make_case("heads_inner_layout", kGqa, [](Case &c) { c.layout = Layout::heads_inner; }));
+    // Rows whose features are not contiguous: copied for the kernel, and the output copied out.
+    const auto features_strided = [](Case &c) {
+        c.layout = Layout::features_strided;
+    };
+    all.push_back(make_case("features_strided", kGqa, features_strided));
+    all.push_back(make_case("step_features_strided", {2, 4, 2, 1, 53, 64, 64}, features_strided));
     // Masks of every rank, broadcast, boolean in both conventions and float.
     for (const auto &[name, shape] :
          std::vector<std::pair<std::string, std::vector<int64_t>>>{{"sq_sk", {37, 53}},
@@ -240,6 +246,10 @@ std::vector<Case> cases() {
     for (DType dtype : {DType::bf16, DType::f16}) {
         const std::string name = dtype == DType::bf16 ? "bf16" : "f16";
         all.push_back(make_case(name, kGqa, [&](Case &c) { c.dtype = dtype; }));
+        all.push_back(make_case(name + "_features_strided", kGqa, [&](Case &c) {
+            c.dtype = dtype;
+            c.layout = Layout::features_strided;
+        }));
         all.push_back(make_case(name + "_causal_padding_heads_inner", kGqa, [&](Case &c) {
             c.dtype = dtype;
             c.mask_shape = {2, 1, 1, 53};

@@ -19,22 +19,32 @@ std::vector<float> uniform(int64_t n, std::mt19937_64 &rng) {
 
 // The strides of [B, H, S, d] over memory in `layout`.
 std::vector<int64_t> strides_of(Layout layout, int64_t H, int64_t S, int64_t d) {
-    if (layout == Layout::heads_outer) {
+    switch (layout) {
+    case Layout::heads_outer:
         return {H * S * d, S * d, d, 1};
+    case Layout::heads_inner:
+        return {S * H * d, d, H * d, 1};
+    case Layout::features_strided:
+        break;
     }
-    return {S * H * d, d, H * d, 1};
+    return {2 * H * S * d, 2 * S * d, 2 * d, 2};
 }
 
-// `dense` [B, H, S, d] copied into memory of `layout`.
+// Elements of memory that `layout` spreads `dense` elements over.
+size_t spread(Layout layout, size_t dense) {
+    return layout == Layout::features_strided ? 2 * dense : dense;
+}
+
+// `dense` [B, H, S, d] copied into memory of `layout` (what lies between the elements: NaN).
 std::vector<float> laid_out(const std::vector<float> &dense, Layout layout, int64_t B, int64_t H,
                             int64_t S, int64_t d) {
-    std::vector<float> out(dense.size());
+    std::vector<float> out(spread(layout, dense.size()), NAN);
     const std::vector<int64_t> st = strides_of(layout, H, S, d);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t s = 0; s < S; s++)
                 for (int64_t c = 0; c < d; c++) {
-                    out[b * st[0] + h * st[1] + s * st[2] + c] =
+                    out[b * st[0] + h * st[1] + s * st[2] + c * st[3]] =
                         dense[((b * H + h) * S + s) * d + c];
                 }
     return out;
@@ -60,7 +70,7 @@ void run_typed(const AttentionProblem &p, Layout layout, DType dtype, AttentionO
                                     strides_of(layout, heads, S, d)};
     };
     std::vector<std::conditional_t<std::is_same_v<T, float>, float, uint16_t>> out(
-        size_t(B * H * p.query_len * p.value_dim));
+        spread(layout, size_t(B * H * p.query_len * p.value_dim)));
     r.lse.assign(size_t(B * H * p.query_len), NAN);
     AttentionOptions options = attention_options(p);
     options.lse = StridedView<float>{r.lse.data(), {B, H, p.query_len}, {}};
@@ -78,13 +88,13 @@ void run_typed(const AttentionProblem &p, Layout layout, DType dtype, AttentionO
     }
     // Back to dense [B, H, Sq, dv].
     const std::vector<int64_t> st = strides_of(layout, H, p.query_len, p.value_dim);
-    r.output.resize(widened.size());
+    r.output.resize(size_t(B * H * p.query_len * p.value_dim));
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < p.query_len; i++)
                 for (int64_t c = 0; c < p.value_dim; c++) {
                     r.output[((b * H + h) * p.query_len + i) * p.value_dim + c] =
-                        widened[b * st[0] + h * st[1] + i * st[2] + c];
+                        widened[b * st[0] + h * st[1] + i * st[2] + c * st[3]];
                 }
 }
 

@@ -26,7 +26,9 @@ void add_random_attention_mask(AttentionProblem &p, bool is_bool, std::vector<in
 
 // How the library sees the tensors: [B, H, S, d] dense, or [B, S, H, d] memory seen as
 // [B, H, S, d] through strides (what transformers' attention layers hold).
-enum class Layout { heads_outer, heads_inner };
+// [B, H, S, d] (heads_outer), [B, S, H, d] (heads_inner), or heads_outer with every other element
+// a feature (features_strided: rows the runtime must copy, not read in place).
+enum class Layout { heads_outer, heads_inner, features_strided };
 
 struct AttentionOutputs {
     std::vector<float> output;  // dense [B, H, Sq, dv]

@@ -191,47 +191,56 @@ void expect_16_bit_weights_and_output(DType dtype) {
     }
 }
 
-// The bf16 instruction set a bf16 module runs, asked without Halide: amx where the CPU has
-// AMX-BF16 and its tiles (CPUID leaf 7: EDX bits 22 and 24), else avx512bf16 where it has
-// AVX512_BF16 (leaf 7 subleaf 1: EAX bit 5) and the AVX-512 VBMI that Halide's avx512_zen4 also
-// asks for (leaf 7: ECX bit 1), on an AMD CPU (leaf 0's vendor) or when MHA_CPU_ISA names it; a
-// cap of MHA_CPU_ISA below one leaves the next, or none.
-std::string cpu_bf16_isa() {
-    std::string isa;
+// What the CPU has for bf16, asked without Halide: AMX-BF16 and its tiles (CPUID leaf 7: EDX bits
+// 22 and 24); AVX512_BF16 (leaf 7 subleaf 1: EAX bit 5) with the AVX-512 VBMI that Halide's
+// avx512_zen4 also asks for (leaf 7: ECX bit 1); an AMD vendor (leaf 0).
+struct CpuBf16 {
+    bool amx = false, dot_pairs = false, amd = false;
+};
+CpuBf16 cpu_bf16() {
+    CpuBf16 cpu;
 #if defined(__x86_64__)
     unsigned eax, ebx, ecx, edx;
     __get_cpuid(0, &eax, &ebx, &ecx, &edx);
-    const bool amd = std::string_view(reinterpret_cast<const char *>(&ebx), 4) == "Auth" &&
-                     std::string_view(reinterpret_cast<const char *>(&ecx), 4) == "cAMD";
+    cpu.amd = std::string_view(reinterpret_cast<const char *>(&ebx), 4) == "Auth" &&
+              std::string_view(reinterpret_cast<const char *>(&ecx), 4) == "cAMD";
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) {
-        return isa;
+        return cpu;
     }
-    const bool amx = (edx >> 22 & 1) && (edx >> 24 & 1), vbmi = ecx >> 1 & 1;
-    const bool bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
-    const char *cap = std::getenv("MHA_CPU_ISA");
-    const std::string capped = cap ? cap : "amx";
-    if (amx && capped == "amx") {
-        isa = "amx";
-    } else if (bf16 && vbmi && ((capped == "amx" && amd) || capped == "avx512bf16")) {
-        isa = "avx512bf16";
-    }
+    cpu.amx = (edx >> 22 & 1) && (edx >> 24 & 1);
+    const bool vbmi = ecx >> 1 & 1;
+    cpu.dot_pairs = vbmi && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
 #endif
-    return isa;
+    return cpu;
+}
+
+// MHA_CPU_ISA, or "amx" (the top, capping nothing) when unset.
+std::string capped_isa() {
+    const char *cap = std::getenv("MHA_CPU_ISA");
+    return cap ? cap : "amx";
+}
+
+// The bf16 instruction set a bf16 module runs: amx where the CPU has it, else avx512bf16 where
+// it has its dot products, on an AMD CPU or when MHA_CPU_ISA names it; a cap of MHA_CPU_ISA
+// below one leaves the next, or none.
+std::string cpu_bf16_isa() {
+    const CpuBf16 cpu = cpu_bf16();
+    const std::string capped = capped_isa();
+    if (cpu.amx && capped == "amx") {
+        return "amx";
+    }
+    if (cpu.dot_pairs && ((capped == "amx" && cpu.amd) || capped == "avx512bf16")) {
+        return "avx512bf16";
+    }
+    return "";
 }
 
 // bf16 attention reads its tensors in place where the CPU has AVX512_BF16 (and VBMI) and
 // MHA_CPU_ISA leaves it: one query row per head on any such CPU, more rows where a bf16 module
 // runs avx512bf16's dot products (else the f32 kernels on widened tensors).
 TEST(Dtypes16, Bf16AttentionReadsBf16WhereTheCpuCan) {
-    bool dot_pairs = false;
-#if defined(__x86_64__)
-    unsigned eax, ebx, ecx, edx;
-    const bool vbmi = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ecx >> 1 & 1);
-    dot_pairs = vbmi && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
-#endif
-    const char *cap = std::getenv("MHA_CPU_ISA");
-    const std::string capped = cap ? cap : "amx";
-    const bool reads = dot_pairs && (capped == "amx" || capped == "avx512bf16");
+    const std::string capped = capped_isa();
+    const bool reads = cpu_bf16().dot_pairs && (capped == "amx" || capped == "avx512bf16");
     const bool products = cpu_bf16_isa() == "avx512bf16";
     for (const int64_t queries : {1, 7}) {
         const int64_t heads = 4, kv_heads = 2, keys = 19, d = 16;

@@ -54,18 +54,24 @@ const CompiledKernel &select_kernel(const AttentionParams &p) {
     v.causal = p.window;                    // a causal order or a sliding window, or both
     v.modified_scores = p.modified_scores;  // soft-capping or ALiBi
     v.single_query = p.query_len == 1;      // a decode step: K and V read where they lie
-    // bf16 tensors read as they are by the kernels of AVX512_BF16's dot products (one query
-    // row: wherever the CPU has them; more: where they outrun the f32 FMAs, see bf16_isa); every
-    // other 16-bit call widened to f32.
     const KernelComponent &component = component_for(Device::cpu);
-    const Bf16Use use = v.single_query ? Bf16Use::reads : Bf16Use::products;
-    std::optional<size_t> bf16 = p.dtype == DType::bf16 ? bf16_isa(p.dtype, use) : std::nullopt;
-    if (bf16 && contract::kCpuIsas[*bf16].bf16_products != contract::Bf16Products::dot_pairs) {
-        bf16.reset();  // AMX's tile products: the attention core has no kernels of them
+    const int64_t rows = p.batch * p.query_len;
+    // bf16 tensors read as they are by the bf16 instruction set that bf16_isa gives for this use
+    // (one query row: wherever the CPU has AVX512_BF16; more: where its dot products outrun the
+    // f32 FMAs), when that set has the variant (the core's bf16 kernels are avx512bf16's alone,
+    // not amx's); every other call on the f32 instruction set, 16-bit tensors widened.
+    const CompiledKernel *kernel = nullptr;
+    if (p.dtype == DType::bf16) {
+        const Bf16Use use = v.single_query ? Bf16Use::reads : Bf16Use::products;
+        if (const std::optional<size_t> bf16 = bf16_isa(p.dtype, use)) {
+            v.dtype = DType::bf16;
+            kernel = find_kernel(component, int(*bf16), rows, v);
+        }
     }
-    v.dtype = bf16 ? DType::bf16 : DType::f32;
-    const CompiledKernel *kernel =
-        find_kernel(component, int(bf16 ? *bf16 : cpu_isa()), p.batch * p.query_len, v);
+    if (kernel == nullptr) {
+        v.dtype = DType::f32;
+        kernel = find_kernel(component, int(cpu_isa()), rows, v);
+    }
     if (kernel == nullptr) {
         throw Error("internal error: the cpu kernels have no attention variant for this call");
     }

@@ -103,6 +103,11 @@ inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {
     return reinterpret(BFloat(16), cast<uint16_t>(select(is_nan(x), 0x7fc0, nearest_even)));
 }
 
+// A value in bf16: as it is when it is one, else rounded.
+inline Halide::Expr as_bf16(const Halide::Expr &x) {
+    return x.type().is_bfloat() ? x : rounded_to_bf16(x);
+}
+
 // The three pieces of a bf16 product (x86 AMX tiles, whose lowering in Halide matches exactly
 // these forms, or AVX512_BF16's dot products over the pairs), in tiles of kBf16TileWidth x
 // kBf16TileWidth f32 accumulated over slices of kBf16TileDepth: the left operand staged as bf16
@@ -122,9 +127,7 @@ inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &
     read.insert(read.end(), outer.begin(), outer.end());
     const Expr value = source(read);
     Func strips(name);
-    strips(args) =
-        select(kt * depth + kk < features,
-               value.type().is_bfloat() ? value : rounded_to_bf16(value), cast(BFloat(16), 0.0f));
+    strips(args) = select(kt * depth + kk < features, as_bf16(value), cast(BFloat(16), 0.0f));
     return strips;
 }
 
@@ -159,8 +162,7 @@ inline Bf16Tiles bf16_tiles(const Halide::Func &source, const Halide::Expr &feat
     const Expr value =
         source(min(feature, features - 1), ct * width + lane, head % heads, head / heads);
     packed.tiles(pair, lane, t) =
-        select(feature < features, value.type().is_bfloat() ? value : rounded_to_bf16(value),
-               cast(BFloat(16), 0.0f));
+        select(feature < features, as_bf16(value), cast(BFloat(16), 0.0f));
     return packed;
 }
 inline Halide::Expr tile_columns_offset(const Bf16Tiles &packed, const Halide::Expr &head,
@@ -269,11 +271,6 @@ inline ScaledScores scaled_scores(const StageVars &v, const Halide::Func &q_head
         scale.defined() ? scale : 1.0f / Halide::sqrt(Halide::cast<float>(head_dim));
     s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * factor;
     return s;
-}
-
-// A value in bf16: as it is when it is one, else rounded.
-inline Halide::Expr as_bf16(const Halide::Expr &x) {
-    return x.type().is_bfloat() ? x : rounded_to_bf16(x);
 }
 
 // The same scores as dot products over pairs of features in bf16, accumulated in f32

@@ -149,8 +149,8 @@ NB_MODULE(_mha, m) {
         "avx512, avx2 or sse41 (neon on arm64); for bf16 amx or avx512bf16 where the CPU has "
         "them.");
     m.def("set_num_threads", &mha::set_num_threads, nb::arg("threads"),
-          "The CPU kernels' threads (0: HL_NUM_THREADS, else one per core). Call it while no "
-          "call runs.");
+          "The CPU kernels' threads, the caller's included (0: HL_NUM_THREADS, else one per "
+          "core); idle ones poll for work for a millisecond before they sleep.");
 
     m.def(
         "attention",

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "scratch_pool.h"
+#include "thread_pool.h"
 
 namespace mha::detail {
 namespace {
@@ -35,6 +36,7 @@ bool is_library_context(void *user_context) {
 halide_error_handler_t previous_error = &halide_default_error;
 halide_malloc_t previous_malloc = &halide_default_malloc;
 halide_free_t previous_free = &halide_default_free;
+halide_do_par_for_t previous_par_for = &halide_default_do_par_for;
 
 void on_error(void *user_context, const char *message) {
     if (is_library_context(user_context)) {
@@ -58,6 +60,12 @@ void on_free(void *user_context, void *block) {
     } else {
         previous_free(user_context, block);
     }
+}
+
+int on_par_for(void *user_context, halide_task_t task, int min, int extent, uint8_t *closure) {
+    return is_library_context(user_context)
+               ? pool_par_for(user_context, task, min, extent, closure)
+               : previous_par_for(user_context, task, min, extent, closure);
 }
 
 thread_local std::string_view last_kernel;
@@ -88,6 +96,9 @@ void install_runtime_hooks() {
         }
         if (halide_free_t f = halide_set_custom_free(&on_free)) {
             previous_free = f;
+        }
+        if (halide_do_par_for_t p = halide_set_custom_do_par_for(&on_par_for)) {
+            previous_par_for = p;
         }
     });
 }

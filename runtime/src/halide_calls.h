@@ -1,7 +1,8 @@
 // Calls into Halide on behalf of the library. Each call passes a CallContext as Halide's
 // user_context; the library's hooks (installed once, chained to whatever was installed before)
-// take the errors and scratch allocations that carry a live CallContext and hand everything
-// else, another Halide pipeline's in the same process, to the previous handlers.
+// take the errors, scratch allocations and parallel loops (thread_pool.h) that carry a live
+// CallContext and hand everything else, another Halide pipeline's in the same process, to the
+// previous handlers.
 #pragma once
 
 #include <array>

@@ -13,6 +13,7 @@
 #include "halide_calls.h"
 #include "mha/mha.h"
 #include "packed_weights.h"
+#include "thread_pool.h"
 
 namespace mha {
 namespace {
@@ -317,10 +318,7 @@ void set_num_threads(int threads) {
     if (threads < 0) {
         throw Error(fmt::format("set_num_threads: threads {} is negative", threads));
     }
-    // Halide's pool takes its size when it starts: stop it, so that the next call starts one of
-    // the new size.
-    halide_shutdown_thread_pool();
-    halide_set_num_threads(threads);
+    detail::set_pool_threads(threads);
 }
 
 }  // namespace mha

@@ -382,9 +382,9 @@ std::string dispatched_isa();
 // runs its rounded values.
 std::string dispatched_isa(DType dtype);
 
-// The CPU kernels' threads: `threads` from now on, or with 0 what Halide decides (HL_NUM_THREADS,
-// else one per core). Call it while no forward() or decode() runs: it stops the thread pool,
-// which the next call starts again at the new size.
+// The CPU kernels' threads, the calling thread's included: `threads` from each parallel loop on,
+// or with 0 HL_NUM_THREADS, else one per core. The pool's idle threads poll for new work for a
+// millisecond (yielding the core each time) before they sleep, as OpenMP's do.
 void set_num_threads(int threads);
 
 // One ahead-of-time compiled kernel linked into this program.

@@ -564,12 +564,14 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
 // Its rows are the query heads that share a key/value head (`rows` of them, the generator's
 // fold), taken kRowTile at a time, so that each K and V row read serves the whole tile; tasks
 // are (row tile, key/value head, batch row). Each score a dot product along the head's
-// features, vectorized across them (rfactor) and summed across the lanes once, for a few keys
-// of every row at a time; the masked softmax in per-row buffers; weights·V over the visible
-// keys, vectorized over the features. Both register tiles hold pv_vectors x pv_rows
-// accumulators. The head sizes of today's models (64, 128, 256) get loops in which the
-// features' clamps and tail predicates fold away; other sizes (clamped, gathered) tiles of one
-// vector. One row (no grouped heads) keeps tiles of one row.
+// features, vectorized across them (rfactor), for a few keys of every row at a time; each row's
+// keys then summed across their lanes together, as one partial vector reduction (pairs of
+// vectors folded into one by vpermt2ps and an add, until one lane per key is left) rather than
+// one horizontal sum per key, which had taken a quarter of the kernel; the masked softmax in
+// per-row buffers; weights·V over the visible keys, vectorized over the features. Both register
+// tiles hold pv_vectors x pv_rows accumulators. The head sizes of today's models (64, 128, 256)
+// get loops in which the features' clamps and tail predicates fold away; other sizes (clamped,
+// gathered) tiles of one vector. One row (no grouped heads) keeps tiles of one row.
 inline void schedule_single_query_attention(const StageVars &v, CoreStages &core,
                                             Halide::Func context_tiles, const Halide::Expr &rows,
                                             const Halide::Expr &head_dim,
@@ -612,8 +614,9 @@ inline void schedule_single_query_attention(const StageVars &v, CoreStages &core
                                        : std::vector<RVar>{core.context.j.x};
     schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
 
-    // Q·Kᵀ: the lanes of each key's partial sums over the features, then their sum; the keys in
-    // flight fill the accumulators of a tile of kRowTile rows (one row takes as many keys).
+    // Q·Kᵀ: the lanes of each key's partial sums over the features, then the sums of a row's
+    // keys in flight at once (vectorized over keys); the keys in flight fill the accumulators of
+    // a tile of kRowTile rows (one row takes as many keys).
     const int keys_in_flight = tile_vectors;
     Func dot = core.scores.dot;
     dot.store_at(context_tiles, io).compute_at(context_tiles, io);
@@ -623,7 +626,7 @@ inline void schedule_single_query_attention(const StageVars &v, CoreStages &core
         .reorder(rci, ji, v.i, jo)
         .atomic()
         .vectorize(rci)
-        .unroll(ji)
+        .vectorize(ji)
         .unroll(v.i);
     partial.compute_at(dot, jo)
         .reorder_storage(lane, v.j, v.i)

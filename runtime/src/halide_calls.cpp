@@ -2,9 +2,8 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <mutex>
-#include <vector>
+#include <utility>
 
 #include "scratch_pool.h"
 #include "thread_pool.h"
@@ -12,24 +11,14 @@
 namespace mha::detail {
 namespace {
 
-// The live call contexts. Looked up only on errors and scratch allocations (a few per call),
-// by address: a foreign user_context is never dereferenced.
-struct LiveContexts {
-    std::mutex mutex;
-    std::vector<const void *> live;
-};
-LiveContexts &live_contexts() {
-    static LiveContexts *const contexts = new LiveContexts;  // never destroyed: see scratch_pool
-    return *contexts;
-}
+// The library call each thread works for: set while a CallContext lives on the calling thread,
+// and in the pool's workers while they run that call's parallel loops. A user_context is the
+// library's exactly when it is this thread's: a foreign one is never dereferenced, and the
+// hooks, called several times per task, take no lock.
+thread_local const CallContext *current_call = nullptr;
 
 bool is_library_context(void *user_context) {
-    if (user_context == nullptr) {
-        return false;
-    }
-    LiveContexts &c = live_contexts();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    return std::find(c.live.begin(), c.live.end(), user_context) != c.live.end();
+    return user_context != nullptr && user_context == current_call;
 }
 
 // The handlers installed before the library's, to which everything else goes.
@@ -40,10 +29,12 @@ halide_do_par_for_t previous_par_for = &halide_default_do_par_for;
 
 void on_error(void *user_context, const char *message) {
     if (is_library_context(user_context)) {
-        // One call may report several errors (a failed driver call, then its consequence).
-        std::string &error = static_cast<CallContext *>(user_context)->error;
-        error += error.empty() ? "" : "; ";
-        error += message;
+        // One call may report several errors (a failed driver call, then its consequence), from
+        // several of its tasks at once.
+        auto *context = static_cast<CallContext *>(user_context);
+        std::lock_guard<std::mutex> lock(context->error_mutex);
+        context->error += context->error.empty() ? "" : "; ";
+        context->error += message;
     } else {
         previous_error(user_context, message);
     }
@@ -62,27 +53,37 @@ void on_free(void *user_context, void *block) {
     }
 }
 
+// A library loop's task, run on whichever thread of the pool takes it for the call.
+struct LibraryLoop {
+    halide_task_t task;
+    uint8_t *closure;
+};
+
+int run_library_task(void *user_context, int index, uint8_t *loop_closure) {
+    const auto *loop = reinterpret_cast<const LibraryLoop *>(loop_closure);
+    const CallContext *caller =
+        std::exchange(current_call, static_cast<CallContext *>(user_context));
+    const int result = loop->task(user_context, index, loop->closure);
+    current_call = caller;
+    return result;
+}
+
 int on_par_for(void *user_context, halide_task_t task, int min, int extent, uint8_t *closure) {
-    return is_library_context(user_context)
-               ? pool_par_for(user_context, task, min, extent, closure)
-               : previous_par_for(user_context, task, min, extent, closure);
+    if (!is_library_context(user_context)) {
+        return previous_par_for(user_context, task, min, extent, closure);
+    }
+    LibraryLoop loop{task, closure};
+    return pool_par_for(user_context, &run_library_task, min, extent,
+                        reinterpret_cast<uint8_t *>(&loop));
 }
 
 thread_local std::string_view last_kernel;
 
 }  // namespace
 
-CallContext::CallContext() {
-    LiveContexts &c = live_contexts();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    c.live.push_back(this);
-}
+CallContext::CallContext() : caller_(std::exchange(current_call, this)) {}
 
-CallContext::~CallContext() {
-    LiveContexts &c = live_contexts();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    c.live.erase(std::find(c.live.begin(), c.live.end(), this));
-}
+CallContext::~CallContext() { current_call = caller_; }
 
 void install_runtime_hooks() {
     static std::once_flag once;

@@ -1,18 +1,20 @@
 // Calls into Halide on behalf of the library. Each call passes a CallContext as Halide's
 // user_context; the library's hooks (installed once, chained to whatever was installed before)
-// take the errors, scratch allocations and parallel loops (thread_pool.h) that carry a live
-// CallContext and hand everything else, another Halide pipeline's in the same process, to the
-// previous handlers.
+// take the errors, scratch allocations and parallel loops (thread_pool.h) that carry the
+// CallContext of the call their thread works for, and hand everything else, another Halide
+// pipeline's in the same process, to the previous handlers.
 #pragma once
 
 #include <array>
+#include <mutex>
 #include <string>
 
 #include "kernel_table.h"
 
 namespace mha::detail {
 
-// The user_context of one library call; registered while it lives.
+// The user_context of one library call, made on the thread that calls the kernels, which it
+// marks as working for the call while it lives (contexts nest).
 class CallContext {
 public:
     CallContext();
@@ -21,6 +23,10 @@ public:
     CallContext &operator=(const CallContext &) = delete;
 
     std::string error;  // Halide's messages for this call
+    std::mutex error_mutex;
+
+private:
+    const CallContext *caller_;
 };
 
 // Once per process, before the first kernel runs.

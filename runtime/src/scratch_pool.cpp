@@ -1,65 +1,85 @@
 #include "scratch_pool.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
-#include <mutex>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace mha::detail {
 namespace {
 
-// Halide's vector loads need at least its own malloc's alignment; 128 covers every target.
+// Halide's vector loads need at least its own malloc's alignment; 128 covers every target. Each
+// block carries its size in a header of that many bytes before it.
 constexpr size_t kAlignment = 128;
 
-struct Pool {
-    std::mutex mutex;
-    // (size, block). A vector, scanned, rather than a map: taking and returning blocks then
-    // allocates nothing once it has grown to the number of blocks a call uses.
-    std::vector<std::pair<size_t, void *>> free_blocks;
-    std::unordered_map<void *, size_t> sizes;  // every block the pool allocated
-    size_t cached = 0;
-    size_t allocated = 0;
-    int successes_before_failure = -1;  // fault injection; -1: none
-};
+std::atomic<size_t> cached_bytes{0};      // held in every thread's cache
+std::atomic<size_t> blocks_allocated{0};  // obtained from the C library
+std::atomic<int> successes_before_failure{-1};
 
-// Never destroyed: Halide may free a buffer after static destructors have run.
-Pool &pool() {
-    static Pool *const p = new Pool;
-    return *p;
+size_t &size_of(void *block) {
+    return *reinterpret_cast<size_t *>(static_cast<char *>(block) - kAlignment);
+}
+void free_block(void *block) { std::free(static_cast<char *>(block) - kAlignment); }
+
+// The blocks a thread freed, for its next allocations: a kernel's tasks allocate and free their
+// buffers on the thread that runs them, so threads never wait on each other here. (size, block),
+// a vector, scanned: taking and returning blocks then allocates nothing once it has grown.
+struct ThreadCache {
+    std::vector<std::pair<size_t, void *>> free_blocks;
+    ~ThreadCache();
+};
+thread_local bool cache_gone = false;  // trivially destructible: readable after ~ThreadCache
+thread_local ThreadCache cache;
+
+ThreadCache::~ThreadCache() {
+    for (const auto &[size, block] : free_blocks) {
+        cached_bytes -= size;
+        free_block(block);
+    }
+    cache_gone = true;
+}
+
+bool injected_failure() {
+    int left = successes_before_failure.load(std::memory_order_relaxed);
+    while (left >= 0 && !successes_before_failure.compare_exchange_weak(left, left - 1)) {
+    }
+    return left == 0;
 }
 
 }  // namespace
 
 void *scratch_allocate(size_t bytes) {
-    // Whole alignment units, at least one (a zero-byte request still gets a distinct block).
-    const size_t size = std::max<size_t>(1, (bytes + kAlignment - 1) / kAlignment) * kAlignment;
-    Pool &p = pool();
-    std::lock_guard<std::mutex> lock(p.mutex);
-    if (p.successes_before_failure >= 0 && p.successes_before_failure-- == 0) {
+    if (injected_failure()) {
         return nullptr;
     }
-    // The smallest free block that fits, unless it would waste more than the request.
-    auto fit = p.free_blocks.end();
-    for (auto b = p.free_blocks.begin(); b != p.free_blocks.end(); ++b) {
-        if (b->first >= size && b->first <= 2 * size &&
-            (fit == p.free_blocks.end() || b->first < fit->first)) {
-            fit = b;
+    // Whole alignment units, at least one (a zero-byte request still gets a distinct block).
+    const size_t size = std::max<size_t>(1, (bytes + kAlignment - 1) / kAlignment) * kAlignment;
+    if (!cache_gone) {
+        // The smallest free block that fits, unless it would waste more than the request.
+        auto &blocks = cache.free_blocks;
+        auto fit = blocks.end();
+        for (auto b = blocks.begin(); b != blocks.end(); ++b) {
+            if (b->first >= size && b->first <= 2 * size &&
+                (fit == blocks.end() || b->first < fit->first)) {
+                fit = b;
+            }
+        }
+        if (fit != blocks.end()) {
+            void *block = fit->second;
+            cached_bytes -= fit->first;
+            *fit = blocks.back();
+            blocks.pop_back();
+            return block;
         }
     }
-    if (fit != p.free_blocks.end()) {
-        void *block = fit->second;
-        p.cached -= fit->first;
-        *fit = p.free_blocks.back();
-        p.free_blocks.pop_back();
-        return block;
+    char *base = static_cast<char *>(std::aligned_alloc(kAlignment, kAlignment + size));
+    if (base == nullptr) {
+        return nullptr;
     }
-    void *block = std::aligned_alloc(kAlignment, size);
-    if (block != nullptr) {
-        p.sizes.emplace(block, size);
-        p.allocated++;
-    }
+    blocks_allocated++;
+    void *block = base + kAlignment;
+    size_of(block) = size;
     return block;
 }
 
@@ -67,39 +87,21 @@ void scratch_release(void *block) {
     if (block == nullptr) {
         return;
     }
-    Pool &p = pool();
-    std::lock_guard<std::mutex> lock(p.mutex);
-    const auto known = p.sizes.find(block);
-    if (known == p.sizes.end()) {
-        std::free(block);
+    const size_t size = size_of(block);
+    if (cache_gone || cached_bytes.fetch_add(size) + size > kMaxCachedBytes) {
+        if (!cache_gone) {
+            cached_bytes -= size;
+        }
+        free_block(block);
         return;
     }
-    const size_t size = known->second;
-    if (p.cached + size > kMaxCachedBytes) {
-        p.sizes.erase(known);
-        std::free(block);
-        return;
-    }
-    p.free_blocks.emplace_back(size, block);
-    p.cached += size;
+    cache.free_blocks.emplace_back(size, block);
 }
 
-size_t scratch_blocks_allocated() {
-    Pool &p = pool();
-    std::lock_guard<std::mutex> lock(p.mutex);
-    return p.allocated;
-}
+size_t scratch_blocks_allocated() { return blocks_allocated.load(); }
 
-void scratch_fail_allocation_after(int successes) {
-    Pool &p = pool();
-    std::lock_guard<std::mutex> lock(p.mutex);
-    p.successes_before_failure = successes;
-}
+void scratch_fail_allocation_after(int successes) { successes_before_failure.store(successes); }
 
-size_t scratch_cached_bytes() {
-    Pool &p = pool();
-    std::lock_guard<std::mutex> lock(p.mutex);
-    return p.cached;
-}
+size_t scratch_cached_bytes() { return cached_bytes.load(); }
 
 }  // namespace mha::detail

@@ -2,7 +2,8 @@
 // on every call. Returned straight to the C library, the larger ones go back to the operating
 // system at the end of each call and are faulted in again by the next (with TLB shootdowns
 // across the thread pool): on small calls that costs more than the arithmetic. The pool keeps
-// freed blocks for later calls, up to kMaxCachedBytes.
+// freed blocks for later calls, up to kMaxCachedBytes in all, each in a cache of the thread that
+// freed it (a global one, under a mutex, had the kernels' tasks waiting on each other).
 #pragma once
 
 #include <cstddef>

@@ -78,8 +78,16 @@ public:
             }
             *link = loop.below;
         }
+        // Meanwhile take iterations of other open loops, as a worker would: of a loop nested in
+        // a sibling's task, say, which otherwise its owner alone would finish (at the end of a
+        // kernel's loop over heads, the other head's row tiles: 5-8 % of a prefill call).
         while (loop.active.load(std::memory_order_acquire) != 0) {
-            std::this_thread::yield();
+            if (Loop *other = join_open_loop()) {
+                other->run();
+                other->active.fetch_sub(1, std::memory_order_release);
+            } else {
+                std::this_thread::yield();
+            }
         }
         return loop.result.load(std::memory_order_relaxed);
     }

@@ -8,7 +8,8 @@
 //
 // Nested loops (a kernel's parallel loops over batch rows, heads and row tiles) run on the same
 // pool: each call publishes its iterations, works on them itself and waits for the workers that
-// took some, so that a call completes even when no worker comes.
+// took some (taking iterations of other open loops meanwhile), so that a call completes even
+// when no worker comes.
 #pragma once
 
 #include <HalideRuntime.h>

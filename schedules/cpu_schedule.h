@@ -569,9 +569,9 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
 // vectors folded into one by vpermt2ps and an add, until one lane per key is left) rather than
 // one horizontal sum per key, which had taken a quarter of the kernel; the masked softmax in
 // per-row buffers; weights·V over the visible keys, vectorized over the features. Both register
-// tiles hold pv_vectors x pv_rows accumulators. The head sizes of today's models (64, 128, 256)
-// get loops in which the features' clamps and tail predicates fold away; other sizes (clamped,
-// gathered) tiles of one vector. One row (no grouped heads) keeps tiles of one row.
+// tiles hold pv_vectors x pv_rows accumulators. The head sizes of today's models (32, 64, 128,
+// 256) get loops in which the features' clamps and tail predicates fold away; other sizes
+// (clamped, gathered) tiles of one vector. One row (no grouped heads) keeps tiles of one row.
 inline void schedule_single_query_attention(const StageVars &v, CoreStages &core,
                                             Halide::Func context_tiles, const Halide::Expr &rows,
                                             const Halide::Expr &head_dim,
@@ -580,7 +580,7 @@ inline void schedule_single_query_attention(const StageVars &v, CoreStages &core
                                             const ScheduleParams &sp) {
     using namespace Halide;
     constexpr int kRowTile = 4;
-    const std::vector<int> model_head_dims = {64, 128, 256};
+    const std::vector<int> model_head_dims = {32, 64, 128, 256};
     const int vec = sp.vector_lanes, accumulators = sp.pv_vectors * sp.pv_rows;
     const auto whole = TailStrategy::RoundUp;
     Var co("co"), ci("ci"), io("io"), ii("ii"), jo("jo"), ji("ji"), lane("lane");

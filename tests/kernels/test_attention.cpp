@@ -206,7 +206,7 @@ std::vector<Case> cases() {
     // head sizes off and on whole vectors, values of another size, every mask form, a decode
     // step's orders and windows, modified scores, transformers' layout and 16 bits.
     const AttentionShape kStep{2, 8, 2, 1, 1031, 64, 64};
-    for (int64_t d : {17, 128, 256}) {
+    for (int64_t d : {17, 32, 128, 256}) {
         all.push_back(make_case("step_head_dim_" + std::to_string(d), {1, 4, 2, 1, 67, d, d}));
     }
     all.push_back(make_case("step_value_dim_differs", {1, 2, 1, 1, 19, 24, 40}));

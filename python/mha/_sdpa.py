@@ -20,7 +20,8 @@ _CAUSAL_TOP_LEFT = 1
 
 def _array(tensor: Tensor):
     """A NumPy view of a CPU tensor, strides and all; 16-bit floats as their bits."""
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if tensor.dtype in (torch.bfloat16, torch.float16):
         tensor = tensor.view(torch.int16)
     return tensor.numpy()
@@ -40,11 +41,14 @@ def _as_4d(tensor: Tensor) -> Tensor:
 
 def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
          is_causal: bool, scale: Optional[float], window_left: int, window_right: int,
-         softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """The op's computation: output [B, H, L, Ev] of query's dtype, lse [B, H, L] float32."""
+         softcap: float, alibi_slopes: Optional[Tensor],
+         with_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """The op's computation: output [B, H, L, Ev] of query's dtype, lse [B, H, L] float32 (None
+    without ``with_lse``, which only untraced calls leave out)."""
     q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)
     output = torch.empty(q.shape[0], q.shape[1], q.shape[2], v.shape[3], dtype=query.dtype)
-    lse = torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32)
+    lse = (torch.empty(q.shape[0], q.shape[1], q.shape[2], dtype=torch.float32) if with_lse
+           else None)
     mask = None
     if attn_mask is not None:
         mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(torch.float32)
@@ -54,9 +58,9 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    alibi_slopes=None if alibi_slopes is None
                    else _array(alibi_slopes.to(torch.float32)),
-                   lse=_array(lse))
+                   lse=None if lse is None else _array(lse))
     shape = (*query.shape[:-1], value.shape[-1])
-    return output.reshape(shape), lse.reshape(shape[:-1])
+    return output.reshape(shape), None if lse is None else lse.reshape(shape[:-1])
 
 
 @torch.library.custom_op("mha::scaled_dot_product_attention", mutates_args=())
@@ -151,6 +155,6 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     if _traced(query):
         output, lse = _sdpa_op(*args)
     else:
-        output, lse = _run(*args)
+        output, lse = _run(*args, with_lse=return_lse)
     return (output, lse) if return_lse else output
 

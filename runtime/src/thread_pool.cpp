@@ -82,10 +82,7 @@ public:
         // a sibling's task, say, which otherwise its owner alone would finish (at the end of a
         // kernel's loop over heads, the other head's row tiles: 5-8 % of a prefill call).
         while (loop.active.load(std::memory_order_acquire) != 0) {
-            if (Loop *other = join_open_loop()) {
-                other->run();
-                other->active.fetch_sub(1, std::memory_order_release);
-            } else {
+            if (!run_an_open_loop()) {
                 std::this_thread::yield();
             }
         }
@@ -108,16 +105,24 @@ private:
     // Workers past the pool's size (after set_threads made it smaller) stay asleep.
     bool in_use(int index) const { return index < threads_.load(std::memory_order_relaxed) - 1; }
 
-    // The newest open loop with iterations left, joined; null if none.
-    Loop *join_open_loop() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (Loop *loop = open_; loop != nullptr; loop = loop->below) {
-            if (loop->next.load(std::memory_order_relaxed) < loop->extent) {
-                loop->active.fetch_add(1, std::memory_order_relaxed);
-                return loop;
+    // Joins the newest open loop with iterations left and takes them; false if none is left.
+    bool run_an_open_loop() {
+        Loop *joined = nullptr;
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            for (Loop *loop = open_; loop != nullptr && joined == nullptr; loop = loop->below) {
+                if (loop->next.load(std::memory_order_relaxed) < loop->extent) {
+                    joined = loop;
+                    joined->active.fetch_add(1, std::memory_order_relaxed);
+                }
             }
         }
-        return nullptr;
+        if (joined == nullptr) {
+            return false;
+        }
+        joined->run();
+        joined->active.fetch_sub(1, std::memory_order_release);
+        return true;
     }
 
     // A loop gains no iterations once published, so a worker that found nothing to join looks
@@ -133,9 +138,7 @@ private:
         for (;;) {
             if (news()) {
                 const uint64_t published = published_.load(std::memory_order_acquire);
-                if (Loop *loop = join_open_loop()) {
-                    loop->run();
-                    loop->active.fetch_sub(1, std::memory_order_release);
+                if (run_an_open_loop()) {
                     last_work = Clock::now();
                 } else {
                     looked_at = published;

@@ -40,6 +40,7 @@ struct Options {
     int repeats = 50;
     uint64_t seed = 2024;
     bool list_kernels = false;
+    bool explain = false;
     bool decode = false;
 };
 
@@ -147,6 +148,9 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
         ->capture_default_str();
     app.add_flag("--list-kernels", o.list_kernels,
                  "list the kernels this program links and what each takes, then exit");
+    app.add_flag("--explain", o.explain,
+                 "say which kernel this call runs and why: instruction set, shape bucket and "
+                 "whose tuned parameters; then exit");
     app.add_flag("--decode", o.decode,
                  "time a decode step instead: one new token per batch row against a KV cache "
                  "already holding --key-len tokens");
@@ -163,29 +167,47 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     return o;
 }
 
+// Which tuning of each instruction set's kernels (or of `only_isa`'s) runs on this CPU, and why.
+void print_tuned_schedules(const std::string &only_isa = "") {
+    fmt::print("{}this CPU: {}\n", only_isa.empty() ? "" : "  ", mha::this_cpu());
+    for (const mha::TunedSchedule &s : mha::tuned_schedules()) {
+        if (!only_isa.empty() && s.isa != only_isa) {
+            continue;
+        }
+        fmt::print("  {:<10} runs the parameters {}: {}\n", s.isa,
+                   s.tuned_on.empty() ? "of its defaults"
+                                      : fmt::format("tuned on {} ({})", s.tuned_cpu, s.tuned_on),
+                   s.why);
+    }
+}
+
 int list_kernels() {
     const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
     fmt::print("{} kernels; the f32 CPU kernels of {} run here, the bf16 ones of {}\n",
                kernels.size(), mha::dispatched_isa(), mha::dispatched_isa(mha::DType::bf16));
+    print_tuned_schedules();
     // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi;
     // rows: the query rows per head an attention kernel is for.
-    fmt::print("{:<76} {:<7} {:<10} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
-               "name", "device", "isa", "dtype", "buckets", "mask", "causal", "qkv", "wts",
-               "scores", "rows");
+    fmt::print(
+        "{:<76} {:<7} {:<10} {:<5} {:<20} {:<26} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
+        "name", "device", "isa", "dtype", "buckets", "tunings", "mask", "causal", "qkv", "wts",
+        "scores", "rows");
     for (const mha::KernelInfo &k : kernels) {
         const bool forward = k.op == "forward";
-        fmt::print("{:<76} {:<7} {:<10} {:<5} {:<20} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} {}\n",
-                   k.name, mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
-                   mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","), k.mask,
-                   k.causal ? "yes" : "no",
-                   !forward      ? "-"
-                   : k.fused_qkv ? "fused"
-                                 : "separate",
-                   k.returns_weights ? "yes" : "no", k.modified_scores ? "capped" : "-",
-                   k.op != "attention" ? "-"
-                   : k.single_query    ? "1"
-                                       : "any",
-                   fmt::join(k.arguments, ", "));
+        fmt::print(
+            "{:<76} {:<7} {:<10} {:<5} {:<20} {:<26} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} {}\n",
+            k.name, mha::contract::device_name(k.device), k.isa.empty() ? "-" : k.isa,
+            mha::contract::dtype_name(k.dtype), fmt::join(k.buckets, ","),
+            k.tunings.empty() ? "all" : fmt::format("{}", fmt::join(k.tunings, ",")), k.mask,
+            k.causal ? "yes" : "no",
+            !forward      ? "-"
+            : k.fused_qkv ? "fused"
+                          : "separate",
+            k.returns_weights ? "yes" : "no", k.modified_scores ? "capped" : "-",
+            k.op != "attention" ? "-"
+            : k.single_query    ? "1"
+                                : "any",
+            fmt::join(k.arguments, ", "));
     }
     return 0;
 }
@@ -246,6 +268,39 @@ void print_errors(const std::vector<float> &output, const std::vector<double> &w
     }
 }
 
+// Why a call runs `kernel`: its instruction set, the shape bucket of its `token_rows`, and
+// whose tuned parameters it was compiled with.
+void explain(const std::string &kernel, int64_t token_rows) {
+    const std::vector<mha::KernelInfo> kernels = mha::linked_kernels();
+    const auto k = std::find_if(kernels.begin(), kernels.end(),
+                                [&](const mha::KernelInfo &info) { return info.name == kernel; });
+    if (k == kernels.end() || k->device != mha::Device::cpu) {
+        fmt::print("  on {}: its one kernel of this variant serves every shape\n",
+                   k == kernels.end() ? "a GPU" : mha::contract::device_name(k->device));
+        return;
+    }
+    const mha::contract::BucketSpec &bucket =
+        mha::contract::bucket_spec(mha::contract::shape_bucket(token_rows));
+    fmt::print("  instruction set {} (the best of this CPU and the build{})\n", k->isa,
+               std::getenv("MHA_CPU_ISA") ? ", capped by MHA_CPU_ISA" : "");
+    fmt::print("  shape bucket {}: {} token rows (batch · max(query, key length)), at most {}\n",
+               bucket.name, token_rows, bucket.max_token_rows);
+    print_tuned_schedules(k->isa);
+    const std::vector<mha::TunedSchedule> schedules = mha::tuned_schedules();
+    const std::string tuning = std::find_if(schedules.begin(), schedules.end(), [&](const auto &s) {
+                                   return s.isa == k->isa;
+                               })->tuned_cpu;
+    const bool as_defaults = k->tunings.empty() || std::count(k->tunings.begin(), k->tunings.end(),
+                                                              std::string("defaults"));
+    fmt::print("  its parameters: {}; the kernel serves tunings {} in buckets {}\n",
+               tuning == "defaults" ? "the defaults"
+               : as_defaults
+                   ? fmt::format("the defaults, which {} kept in bucket {}", tuning, bucket.name)
+                   : fmt::format("tuned on {} for bucket {}", tuning, bucket.name),
+               k->tunings.empty() ? "all" : fmt::format("{}", fmt::join(k->tunings, ", ")),
+               fmt::join(k->buckets, ", "));
+}
+
 int run(const Options &o) {
     const Dims &d = o.dims;
     const bool self = d.query_len == d.key_len && !o.key_len_given && o.kdim == 0 && o.vdim == 0;
@@ -301,11 +356,14 @@ int run(const Options &o) {
                             : "per head");
     print_dimension_flow(d);
 
-    fmt::print(
-        "kernel: {}\n",
-        module.kernel_name(mha::problems::query_view(problem), mha::problems::key_view(problem),
-                           mha::problems::value_view(problem),
-                           mha::problems::options_view(problem, weights_view)));
+    const std::string kernel = module.kernel_name(
+        mha::problems::query_view(problem), mha::problems::key_view(problem),
+        mha::problems::value_view(problem), mha::problems::options_view(problem, weights_view));
+    fmt::print("kernel: {}\n", kernel);
+    if (o.explain) {
+        explain(kernel, d.batch * std::max(d.query_len, d.key_len));
+        return 0;
+    }
     forward();  // the first call also checks every argument
     if (o.check) {
         const mha::reference::Result want = mha::reference::forward(problem);

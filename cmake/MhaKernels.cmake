@@ -1,5 +1,5 @@
 # The forward kernels of the build, from the contract (contract/mha_contract.h) and the tuned
-# schedule files (schedules/tuned/<isa>.json).
+# schedule files (schedules/tuned/<isa>.<cpu>.json, one per instruction set and tuned CPU).
 #
 # At configure time contract/emit_kernels.cpp is compiled and run (${MHA_EMITTER}): it writes
 # ${MHA_KERNELS_DIR}/kernels.cmake, one mha_kernel() row per kernel, and

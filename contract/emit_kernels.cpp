@@ -10,14 +10,18 @@
 // that each takes the arguments the contract gives its variant. The kernels of --sanitizer-isa
 // are marked SANITIZED (compiled again with Halide's asan feature; SANITIZED_ONLY, that alone,
 // when --cpu-isas leaves the set out of the library) and have their own table,
-// <out-dir>/cpu_sanitizer_kernels.cpp. On the CPU, the buckets of one
-// instruction set that are tuned to the same parameters share one kernel. Prints "warning: ..."
+// <out-dir>/cpu_sanitizer_kernels.cpp. On the CPU, an instruction set's kernels are compiled
+// for its default parameters and for each tuned CPU's file (schedules/tuned/<isa>.<cpu>.json),
+// per shape bucket; the (tuning, bucket) cells of the same parameters share one kernel, and the
+// CPU table lists the tuned CPUs for dispatch to choose from. Prints "warning: ..."
 // lines for the configure step to show; exits 1 with the reason when a tuned file is missing,
 // malformed or mismatched.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,12 +35,29 @@ namespace {
 
 using namespace mha::contract;
 
+// One way an instruction set's kernels are scheduled: its defaults, or a tuned CPU's file.
+struct Tuning {
+    std::string key;  // "defaults", or the CPU's (contract::cpu_key)
+    std::optional<mha::cpu::TunedFile> file;
+
+    mha::cpu::ScheduleParams params(const CpuIsa &isa, ShapeBucket bucket) const {
+        return file ? file->effective_params(isa, bucket) : mha::cpu::ScheduleParams::defaults(isa);
+    }
+};
+
+// A tuned CPU of an instruction set, for the runtime's table.
+struct TunedCpuRow {
+    int isa;
+    int slot;
+    CpuIdentity cpu;
+};
+
 // One kernel to compile.
 struct KernelRow {
     std::string name;
     mha::Device device;
     int isa = -1;  // index into kCpuIsas, -1 on GPUs
-    BucketSet buckets = kAllBuckets;
+    ScheduleCells cells = kAllCells;
     KernelVariant variant;
     std::string target;      // Halide target, kernel features included
     std::string schedule;    // CPU schedule parameters, "name:value,..."
@@ -64,9 +85,10 @@ std::string dtype_suffix(mha::DType dtype) {
     return dtype == mha::DType::f32 ? "" : "_" + std::string(dtype_name(dtype));
 }
 
-std::string kernel_name(const std::string &where, BucketSet buckets, const KernelVariant &v) {
-    std::string name =
-        "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + bucket_names(buckets);
+// `served`: what cells_name() says of a CPU kernel's cells; "any" on GPUs.
+std::string kernel_name(const std::string &where, const std::string &served,
+                        const KernelVariant &v) {
+    std::string name = "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + served;
     if (v.op == KernelOp::qkv_projection || v.op == KernelOp::average_heads) {
         return name;
     }
@@ -112,41 +134,104 @@ std::string with_kernel_features(std::string_view target) {
     return std::string(target) + "-" + std::string(kKernelTargetFeatures);
 }
 
-// The CPU kernel groups of one instruction set: buckets tuned to the same parameters share one.
-std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> cpu_groups(
-    const CpuIsa &isa, const std::string &tuned_dir, const std::string &schedule_hash,
-    std::vector<std::string> &warnings) {
-    std::vector<std::pair<BucketSet, mha::cpu::ScheduleParams>> groups;
-    std::optional<mha::cpu::TunedFile> tuned;
-    const std::string path = mha::cpu::tuned_file_path(tuned_dir, isa);
-    if (isa.tuned || std::ifstream(path)) {
-        tuned = mha::cpu::read_tuned_file(path, isa);
+// The tunings of one instruction set, slot 0 its defaults, then each tuned CPU's file (an
+// instruction set marked tuned must have one); stale files are warnings.
+std::vector<Tuning> tunings(const CpuIsa &isa, const std::string &tuned_dir,
+                            const std::string &schedule_hash, std::vector<std::string> &warnings) {
+    std::vector<Tuning> out{{"defaults", std::nullopt}};
+    for (mha::cpu::TunedFile &file : mha::cpu::read_tuned_files(tuned_dir, isa)) {
+        const std::string path = mha::cpu::tuned_file_path(tuned_dir, isa, file.cpu);
         std::string stale;
-        for (const mha::cpu::TunedBucket &b : tuned->buckets) {
+        for (const mha::cpu::TunedBucket &b : file.buckets) {
             if (b.schedule_hash != schedule_hash) {
                 stale += (stale.empty() ? "" : ", ") + std::string(bucket_spec(b.bucket).name) +
                          " (code " + b.schedule_hash + ")";
             }
         }
         if (!stale.empty()) {
-            warnings.push_back(path + " tuned buckets " + stale +
-                               " on other schedule code than today's (" + schedule_hash +
-                               "): the kernels are correct, but re-run mha-tune --isa " +
-                               std::string(isa.name) + " to tune them for this code");
+            warnings.push_back(
+                path + " tuned buckets " + stale + " on other schedule code than today's (" +
+                schedule_hash + "): the kernels are correct, but re-run mha-tune --isa " +
+                std::string(isa.name) + " on a " + file.cpu.name + " to tune them for this code");
+        }
+        out.push_back({cpu_key(file.cpu), std::move(file)});
+    }
+    if (isa.tuned && out.size() == 1) {
+        throw std::runtime_error("tuned schedule file " + tuned_dir + "/" + std::string(isa.name) +
+                                 ".<cpu>.json: missing: the " + std::string(isa.name) +
+                                 " kernels are built from one at least (run mha-tune --isa " +
+                                 std::string(isa.name) + ")");
+    }
+    if (out.size() > size_t(kMaxTuningSlots)) {
+        throw std::runtime_error(std::string(isa.name) + " has " + std::to_string(out.size() - 1) +
+                                 " tuned files in " + tuned_dir + ", more than the " +
+                                 std::to_string(kMaxTuningSlots - 1) + " a build takes");
+    }
+    return out;
+}
+
+// The kernel groups of one op of one instruction set: the (tuning, bucket) cells whose
+// parameters, `params_of(tuning, bucket)`, are the same share one kernel.
+template <typename ParamsOf>
+std::vector<std::pair<ScheduleCells, mha::cpu::ScheduleParams>> cell_groups(
+    const std::vector<Tuning> &tunings, ParamsOf params_of) {
+    std::vector<std::pair<ScheduleCells, mha::cpu::ScheduleParams>> groups;
+    for (size_t slot = 0; slot < tunings.size(); slot++) {
+        for (const BucketSpec &b : kShapeBuckets) {
+            const mha::cpu::ScheduleParams params = params_of(tunings[slot], b.bucket);
+            const ScheduleCells cell = schedule_cell(int(slot), b.bucket);
+            auto same = std::find_if(groups.begin(), groups.end(),
+                                     [&](const auto &g) { return g.second == params; });
+            if (same == groups.end()) {
+                groups.push_back({cell, params});
+            } else {
+                same->first |= cell;
+            }
         }
     }
-    for (const BucketSpec &b : kShapeBuckets) {
-        const mha::cpu::ScheduleParams params = tuned ? tuned->effective_params(isa, b.bucket)
-                                                      : mha::cpu::ScheduleParams::defaults(isa);
-        auto same = std::find_if(groups.begin(), groups.end(),
-                                 [&](const auto &g) { return g.second == params; });
-        if (same == groups.end()) {
-            groups.push_back({bucket_bit(b.bucket), params});
-        } else {
-            same->first |= bucket_bit(b.bucket);
-        }
+    if (groups.size() == 1) {
+        groups.front().first = kAllCells;  // one kernel for all: named "any", as on GPUs
     }
     return groups;
+}
+
+// What a CPU kernel's name says it serves: its buckets ("any" for all), each followed by the
+// tunings that run it there when not all of its instruction set's tunings do:
+// "small_medium_large_and_token_for_defaults", "token_for_intel_f6_m207", "any".
+std::string cells_name(ScheduleCells cells, const std::vector<Tuning> &tunings) {
+    // The tunings served in each bucket, as bits of slots; the buckets of each such set.
+    std::vector<std::pair<uint32_t, BucketSet>> parts;
+    for (const BucketSpec &b : kShapeBuckets) {
+        uint32_t slots = 0;
+        for (size_t slot = 0; slot < tunings.size(); slot++) {
+            slots |= (cells & schedule_cell(int(slot), b.bucket)) ? 1u << slot : 0u;
+        }
+        const auto part = std::find_if(parts.begin(), parts.end(),
+                                       [&](const auto &p) { return p.first == slots; });
+        if (slots == 0) {
+            continue;
+        }
+        if (part == parts.end()) {
+            parts.push_back({slots, bucket_bit(b.bucket)});
+        } else {
+            part->second |= bucket_bit(b.bucket);
+        }
+    }
+    const uint32_t every_tuning = (1u << tunings.size()) - 1;
+    std::stable_partition(parts.begin(), parts.end(),
+                          [&](const auto &p) { return p.first == every_tuning; });
+    std::string name;
+    for (const auto &[slots, buckets] : parts) {
+        name += (name.empty() ? "" : "_and_") + bucket_names(buckets);
+        if (slots != every_tuning) {
+            name += "_for";
+            for (size_t slot = 0; slot < tunings.size(); slot++) {
+                name += (slots & (1u << slot)) ? "_" + tunings[slot].key : "";
+            }
+        }
+    }
+    std::replace(name.begin(), name.end(), '-', '_');
+    return name;
 }
 
 // Which of the architecture's instruction sets the library has kernels for: `names`, or all
@@ -209,6 +294,7 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
                                    const std::string &sanitizer_isa, const std::string &tuned_dir,
                                    const std::string &schedule_hash, bool gpu,
                                    const std::array<bool, kDTypes.size()> &gpu_dtypes,
+                                   std::vector<TunedCpuRow> &tuned_cpus,
                                    std::vector<std::string> &warnings) {
     if (!sanitizer_isa.empty()) {
         const std::optional<size_t> i = cpu_isa_index(sanitizer_isa);
@@ -226,28 +312,39 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             continue;
         }
         const size_t first_row = rows.size();
-        const auto groups = cpu_groups(isa, tuned_dir, schedule_hash, warnings);
-        for (const auto &[buckets, params] : groups) {
-            for (const KernelVariant &v : kKernelVariants) {
-                if (v.op == KernelOp::forward && v.compiled_for(isa)) {
-                    rows.push_back({kernel_name("cpu_" + std::string(isa.name), buckets, v),
-                                    mha::Device::cpu, int(i), buckets, v,
-                                    with_kernel_features(isa.halide_target), params.to_string()});
-                }
-            }
+        const std::vector<Tuning> isa_tunings = tunings(isa, tuned_dir, schedule_hash, warnings);
+        for (size_t slot = 1; slot < isa_tunings.size(); slot++) {
+            tuned_cpus.push_back({int(i), int(slot), isa_tunings[slot].file->cpu});
         }
-        // The decode steps' and the averaging kernels serve every size, with the parameters of the
-        // smallest bucket (a step's new tokens are few); the attention kernels with their own
-        // (ScheduleParams::attention_defaults).
-        const mha::cpu::ScheduleParams attention =
-            mha::cpu::ScheduleParams::attention_defaults(isa);
+        // Forward kernels take each bucket's parameters; the decode steps' and the averaging
+        // kernels serve every size with the smallest bucket's (a step's new tokens are few); the
+        // attention kernels have their own (ScheduleParams::attention_defaults).
+        const auto forward = [&](const Tuning &t, ShapeBucket b) {
+            return t.params(isa, b);
+        };
+        const auto step = [&](const Tuning &t, ShapeBucket) {
+            return t.params(isa, kShapeBuckets.front().bucket);
+        };
+        const auto attention = [&](const Tuning &, ShapeBucket) {
+            return mha::cpu::ScheduleParams::attention_defaults(isa);
+        };
         for (const KernelVariant &v : kKernelVariants) {
-            if (v.op != KernelOp::forward && v.compiled_for(isa)) {
-                const auto &params =
-                    v.op == KernelOp::attention ? attention : groups.front().second;
-                rows.push_back({kernel_name("cpu_" + std::string(isa.name), kAllBuckets, v),
-                                mha::Device::cpu, int(i), kAllBuckets, v,
-                                with_kernel_features(isa.halide_target), params.to_string()});
+            if (!v.compiled_for(isa)) {
+                continue;
+            }
+            const auto groups = v.op == KernelOp::forward     ? cell_groups(isa_tunings, forward)
+                                : v.op == KernelOp::attention ? cell_groups(isa_tunings, attention)
+                                                              : cell_groups(isa_tunings, step);
+            for (size_t g = 0; g < groups.size(); g++) {
+                const auto &[cells, params] = groups[g];
+                std::string name =
+                    kernel_name("cpu_" + std::string(isa.name), cells_name(cells, isa_tunings), v);
+                // Two groups of the same buckets and tunings, in other pairs (rare): numbered.
+                const bool taken = std::any_of(rows.begin() + long(first_row), rows.end(),
+                                               [&](const KernelRow &r) { return r.name == name; });
+                rows.push_back({taken ? name + "_" + std::to_string(g) : name, mha::Device::cpu,
+                                int(i), cells, v, with_kernel_features(isa.halide_target),
+                                params.to_string()});
             }
         }
         for (size_t r = first_row; r < rows.size(); r++) {
@@ -261,9 +358,9 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
         }
         for (const KernelVariant &v : kKernelVariants) {
             if (v.runs_on(g.device) && gpu_dtypes[size_t(v.dtype)]) {
-                rows.push_back({kernel_name(std::string(device_name(g.device)), kAllBuckets, v),
-                                g.device, -1, kAllBuckets, v, with_kernel_features(g.halide_target),
-                                ""});
+                rows.push_back(
+                    {kernel_name(std::string(device_name(g.device)), std::string(kAnyBucket), v),
+                     g.device, -1, kAllCells, v, with_kernel_features(g.halide_target), ""});
             }
         }
     }
@@ -302,7 +399,8 @@ std::string variant_initializer(const KernelVariant &v) {
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the
 // ASan test library's).
-std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
+std::string device_table(const std::vector<KernelRow> &rows,
+                         const std::vector<TunedCpuRow> &tuned_cpus, mha::Device device,
                          bool sanitized_only = false) {
     const std::string dev(device_name(device));
     std::ostringstream out;
@@ -327,9 +425,8 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
                << variant_initializer(r.variant) << ", Device::" << dev
                << "),\n              \"kernel " << r.name
                << " does not take the arguments contract/mha_contract.h gives its variant\");\n";
-        entries << "    {\"" << r.name << "\", Device::" << dev << ", " << r.isa << ", "
-                << r.buckets << ", " << variant_initializer(r.variant) << ", &" << r.name
-                << "_argv},\n";
+        entries << "    {\"" << r.name << "\", Device::" << dev << ", " << r.isa << ", " << r.cells
+                << "u, " << variant_initializer(r.variant) << ", &" << r.name << "_argv},\n";
     }
     out << "\nnamespace mha::detail {\n\n"
         << checks.str() << "\nnamespace {\n"
@@ -337,8 +434,16 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
         << entries.str() << "};\n}  // namespace\n\n";
     if (device == mha::Device::cpu) {
         out << "const KernelComponent &cpu_kernels() {\n"
+               "    // Each instruction set's tuned CPUs (contract/tuned_cpus.h).\n"
+               "    static const TunedCpu tuned_cpus[] = {\n";
+        for (const TunedCpuRow &t : tuned_cpus) {
+            out << "        {" << t.isa << ", " << t.slot << ", {" << nlohmann::json(t.cpu.vendor)
+                << ", " << t.cpu.family << ", " << t.cpu.model << ", " << t.cpu.l2_kib << ", "
+                << t.cpu.l3_kib << ", " << nlohmann::json(t.cpu.name) << "}},\n";
+        }
+        out << "        {-1, 0, {}},  // the end\n    };\n"
                "    static const KernelComponent component{Device::cpu, kKernels, "
-               "std::size(kKernels), nullptr};\n    return component;\n}\n\n"
+               "std::size(kKernels), nullptr, tuned_cpus};\n    return component;\n}\n\n"
                "}  // namespace mha::detail\n";
     } else {
         out << "}  // namespace mha::detail\n\n"
@@ -346,7 +451,7 @@ std::string device_table(const std::vector<KernelRow> &rows, mha::Device device,
             << "_kernels() {\n    static const mha::detail::KernelComponent component{"
             << "mha::Device::" << dev
             << ", mha::detail::kKernels, std::size(mha::detail::kKernels), "
-            << "&halide_" << dev << "_device_interface};\n    return &component;\n}\n";
+            << "&halide_" << dev << "_device_interface, nullptr};\n    return &component;\n}\n";
     }
     return out.str();
 }
@@ -403,19 +508,20 @@ int main(int argc, char **argv) {
                 std::string(cpu_arch_name(arch)) + " build with -DMHA_GPU_KERNELS=OFF");
         }
         std::vector<std::string> warnings;
+        std::vector<TunedCpuRow> tuned_cpus;
         const std::vector<KernelRow> rows =
             kernel_rows(arch, selected_isas(arch, cpu_isas), sanitizer_isa, tuned_dir,
-                        schedule_hash, gpu, selected_gpu_dtypes(gpu_dtypes), warnings);
+                        schedule_hash, gpu, selected_gpu_dtypes(gpu_dtypes), tuned_cpus, warnings);
         write(out_dir + "/kernels.cmake", cmake_rows(arch, rows, gpu));
-        write(out_dir + "/cpu_kernels.cpp", device_table(rows, mha::Device::cpu));
+        write(out_dir + "/cpu_kernels.cpp", device_table(rows, tuned_cpus, mha::Device::cpu));
         if (!sanitizer_isa.empty()) {
             write(out_dir + "/cpu_sanitizer_kernels.cpp",
-                  device_table(rows, mha::Device::cpu, true));
+                  device_table(rows, tuned_cpus, mha::Device::cpu, true));
         }
         for (const GpuTarget &g : kGpuTargets) {
             if (gpu) {
                 write(out_dir + "/" + std::string(device_name(g.device)) + "_kernels.cpp",
-                      device_table(rows, g.device));
+                      device_table(rows, tuned_cpus, g.device));
             }
         }
         for (const std::string &w : warnings) {

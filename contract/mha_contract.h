@@ -5,7 +5,9 @@
 //     variant table: mask kind, causal or window, weights returned or not, separate or fused
 //     QKV projection, dtype, modified scores);
 //   - mha_arguments.h: which arguments each variant takes, in call order, with their names,
-//     types and ranks, and the layout of the prepacked weights.
+//     types and ranks, and the layout of the prepacked weights;
+//   - tuned_cpus.h: the CPUs the tuned schedules were measured on, and which tuning and shape
+//     bucket each CPU kernel serves.
 // The build runs contract/emit_kernels.cpp on it to write the add_halide_library rows and the
 // runtime's kernel tables; the generators declare their Inputs and Outputs from
 // kernel_arguments(); the runtime checks at compile time that every generated kernel takes
@@ -14,3 +16,4 @@
 
 #include "mha_arguments.h"
 #include "mha_variants.h"
+#include "tuned_cpus.h"

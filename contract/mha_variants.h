@@ -95,8 +95,9 @@ struct CpuIsa {
     std::string_view halide_target;  // features written out, never `host`
     int f32_lanes;                   // f32 lanes of one vector register
     int vector_registers;
-    // schedules/tuned/<name>.json must exist (mha-tune writes it); an untuned instruction set
-    // reads it when present, and the schedule's defaults for its registers otherwise.
+    // schedules/tuned/<name>.<cpu>.json must exist for one CPU at least (mha-tune writes it); an
+    // untuned instruction set reads those present. Kernels are also compiled with the
+    // schedule's defaults for its registers, which CPUs of no tuned file's vendor run.
     bool tuned;
     // What its forward kernels take: f32, or bf16 as tile products (whose other stages run in
     // f32 as on the f32 instruction set below it). A module runs the best instruction set of

@@ -1,6 +1,8 @@
 #include "tuned_file.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -116,8 +118,33 @@ ScheduleParams TunedFile::effective_params(const contract::CpuIsa &isa,
     return t != nullptr && !t->kept_defaults ? t->params : ScheduleParams::defaults(isa);
 }
 
-std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa) {
-    return dir + "/" + std::string(isa.name) + ".json";
+std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa,
+                            const contract::CpuIdentity &cpu) {
+    return dir + "/" + std::string(isa.name) + "." + contract::cpu_key(cpu) + ".json";
+}
+
+std::vector<TunedFile> read_tuned_files(const std::string &dir, const contract::CpuIsa &isa) {
+    std::vector<std::string> paths;
+    const std::string prefix = std::string(isa.name) + ".";
+    std::error_code error;
+    for (const auto &entry : std::filesystem::directory_iterator(dir, error)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(prefix, 0) == 0 && entry.path().extension() == ".json") {
+            paths.push_back(entry.path().string());
+        }
+    }
+    std::sort(paths.begin(), paths.end());
+    std::vector<TunedFile> files;
+    for (const std::string &path : paths) {
+        files.push_back(read_tuned_file(path, isa));
+        const std::string expected = tuned_file_path(dir, isa, files.back().cpu);
+        if (std::filesystem::path(path).filename() != std::filesystem::path(expected).filename()) {
+            throw TunedFileError(describe(
+                path, "was tuned on " + contract::cpu_key(files.back().cpu) + ", so its name is " +
+                          std::filesystem::path(expected).filename().string()));
+        }
+    }
+    return files;
 }
 
 TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) {
@@ -151,6 +178,18 @@ TunedFile read_tuned_file(const std::string &path, const contract::CpuIsa &isa) 
                       std::string(isa.name) + " (" + std::string(isa.halide_target) + ")"));
     }
     file.command = text(doc, "command", where);
+    const json &cpu = member(doc, "cpu", &json::is_object, "an object", where);
+    const std::string cpu_where = describe(path, "cpu: ");
+    file.cpu.vendor = text(cpu, "vendor", cpu_where);
+    file.cpu.name = text(cpu, "name", cpu_where);
+    for (auto [key, field] : {std::pair{"family", &file.cpu.family}, {"model", &file.cpu.model}}) {
+        *field = member(cpu, key, &json::is_number_integer, "a whole number", cpu_where).get<int>();
+    }
+    for (auto [key, field] :
+         {std::pair{"l2_kib", &file.cpu.l2_kib}, {"l3_kib", &file.cpu.l3_kib}}) {
+        *field =
+            member(cpu, key, &json::is_number_integer, "a whole number", cpu_where).get<int64_t>();
+    }
     const json &buckets = member(doc, "buckets", &json::is_object, "an object", where);
     for (const auto &[name, entry] : buckets.items()) {
         const auto bucket = contract::bucket_named(name);
@@ -175,6 +214,13 @@ void write_tuned_file(const std::string &path, const TunedFile &file) {
                 {"isa", file.isa},
                 {"target", file.target},
                 {"command", file.command},
+                {"cpu",
+                 {{"vendor", file.cpu.vendor},
+                  {"family", file.cpu.family},
+                  {"model", file.cpu.model},
+                  {"l2_kib", file.cpu.l2_kib},
+                  {"l3_kib", file.cpu.l3_kib},
+                  {"name", file.cpu.name}}},
                 {"buckets", json::object()}};
     for (const TunedBucket &t : file.buckets) {
         doc["buckets"][std::string(contract::bucket_spec(t.bucket).name)] = tuned_bucket_to_json(t);

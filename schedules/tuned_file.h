@@ -1,6 +1,7 @@
-// Tuned CPU schedule files, schedules/tuned/<isa>.json: the parameters mha-tune chose for each
-// shape bucket of one instruction set, with the evidence for the choice. mha-tune derives the
-// file from its tuning database (<isa>.records.jsonl) and the build reads it. Halide-free.
+// Tuned CPU schedule files, schedules/tuned/<isa>.<cpu key>.json: the parameters mha-tune chose
+// for each shape bucket of one instruction set on one CPU, with the evidence for the choice.
+// mha-tune derives the file from its tuning database (<isa>.records.jsonl, every CPU's records)
+// and the build reads every CPU's files. Halide-free.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -13,7 +14,7 @@
 
 namespace mha::cpu {
 
-inline constexpr const char *kTunedFileFormat = "mha-tuned-schedule/2";
+inline constexpr const char *kTunedFileFormat = "mha-tuned-schedule/3";
 
 // What the tuner decided for one bucket.
 struct TunedBucket {
@@ -31,7 +32,8 @@ struct TunedBucket {
 
 struct TunedFile {
     std::string isa, target;
-    std::string command;  // the mha-tune command that wrote it
+    contract::CpuIdentity cpu;  // what it was tuned on
+    std::string command;        // the mha-tune command that wrote it
     std::vector<TunedBucket> buckets;
 
     const TunedBucket *find(contract::ShapeBucket b) const;
@@ -64,7 +66,12 @@ TunedBucket tuned_bucket_from_json(const nlohmann::ordered_json &entry,
                                    contract::ShapeBucket bucket, const contract::CpuIsa &isa,
                                    const std::string &where);
 
-// The path of an instruction set's tuned file in `dir`.
-std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa);
+// The path of an instruction set's tuned file for `cpu` in `dir`.
+std::string tuned_file_path(const std::string &dir, const contract::CpuIsa &isa,
+                            const contract::CpuIdentity &cpu);
+
+// Every tuned file of `isa` in `dir`, read and checked, in the order of their names; each file's
+// name must be its CPU's (tuned_file_path).
+std::vector<TunedFile> read_tuned_files(const std::string &dir, const contract::CpuIsa &isa);
 
 }  // namespace mha::cpu

@@ -79,10 +79,11 @@ int main(int argc, char **argv) {
     app.add_option("--db", database,
                    "tuning database (default schedules/tuned/<isa>.records.jsonl)")
         ->type_name("FILE");
-    app.add_option("--out", tuned_file, "tuned file (default schedules/tuned/<isa>.json)")
+    app.add_option("--out", tuned_file,
+                   "tuned file (default schedules/tuned/<isa>.<this CPU's key>.json)")
         ->type_name("FILE");
     app.add_flag("--plot-only", tune.plot_only,
-                 "write the plot of the database's search (<isa>.search.svg beside it) and exit");
+                 "write the plot of this CPU's search (beside the tuned file) and exit");
     app.add_flag("--compare", comparing, "compare tuned, autoscheduled and default schedules");
     app.add_option("--tuned", compare.tuned_file, "--compare: the tuned file (default --out's)")
         ->type_name("FILE");
@@ -127,7 +128,9 @@ int main(int argc, char **argv) {
     const std::string tuned_dir = MHA_TUNED_DIR;
     tune.isa = compare.isa = &isa;
     tune.database = database.empty() ? tuned_dir + "/" + isa_name + ".records.jsonl" : database;
-    tune.tuned_file = tuned_file.empty() ? mha::cpu::tuned_file_path(tuned_dir, isa) : tuned_file;
+    tune.tuned_file = tuned_file.empty()
+                          ? mha::cpu::tuned_file_path(tuned_dir, isa, mha::detail::this_cpu())
+                          : tuned_file;
     compare.tuned_file = compare.tuned_file.empty() ? tune.tuned_file : compare.tuned_file;
     compare.rounds = tune.rounds;
     for (const std::string &name : bucket_names) {

@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "cpu_isa.h"
 #include "measurement.h"
 #include "search_space.h"
 #include "sweeps.h"
@@ -296,6 +297,7 @@ void update_tuned_file(const TuneOptions &o, const TuningDb &db) {
     }
     file.isa = std::string(o.isa->name);
     file.target = std::string(o.isa->halide_target);
+    file.cpu = detail::this_cpu();
     file.command = o.command;
     for (const auto &[bucket, decided] : db.decisions()) {
         auto same = std::find_if(file.buckets.begin(), file.buckets.end(),
@@ -314,36 +316,7 @@ void update_tuned_file(const TuneOptions &o, const TuningDb &db) {
 }  // namespace
 
 std::string machine_description() {
-    // The first core's fields of /proc/cpuinfo, by name.
-    std::map<std::string, std::string> fields;
-    std::ifstream cpuinfo("/proc/cpuinfo");
-    for (std::string line; std::getline(cpuinfo, line) && !line.empty();) {
-        const size_t colon = line.find(':');
-        if (colon != std::string::npos) {
-            const std::string name = line.substr(0, line.find_last_not_of(" \t", colon - 1) + 1);
-            fields.emplace(name, colon + 2 <= line.size() ? line.substr(colon + 2) : "");
-        }
-    }
-    std::vector<std::string> identity;
-    if (fields.count("vendor_id") && fields.count("cpu family") && fields.count("model")) {
-        identity.push_back(fmt::format("{} family {} model {}", fields["vendor_id"],
-                                       fields["cpu family"], fields["model"]));
-    }
-    std::vector<std::string> caches;
-    for (int index = 0; index < 8; index++) {
-        const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", index);
-        std::ifstream level_file(dir + "level"), size_file(dir + "size");
-        std::string level, size;
-        if (level_file >> level && size_file >> size && (level == "2" || level == "3")) {
-            caches.push_back(fmt::format("L{} {}", level, size));
-        }
-    }
-    if (!caches.empty()) {
-        identity.push_back(fmt::format("{}", fmt::join(caches, ", ")));
-    }
-    const std::string model = fields.count("model name") ? fields["model name"] : "unknown CPU";
-    return fmt::format("{}{}, {} cores", model,
-                       identity.empty() ? "" : fmt::format(" ({})", fmt::join(identity, "; ")),
+    return fmt::format("{}, {} cores", contract::describe(detail::this_cpu()),
                        std::thread::hardware_concurrency());
 }
 
@@ -357,8 +330,8 @@ int tune(const TuneOptions &o) {
     fmt::print(stderr, "tuning database {}: {} earlier records{}\n", o.database, db.loaded(),
                db.skipped() ? fmt::format(" ({} unreadable lines skipped)", db.skipped()) : "");
     if (o.plot_only) {
-        write_search_plot(db, search_plot_path(o.database));
-        fmt::print(stderr, "wrote {}\n", search_plot_path(o.database));
+        write_search_plot(db, search_plot_path(o.tuned_file));
+        fmt::print(stderr, "wrote {}\n", search_plot_path(o.tuned_file));
         return 0;
     }
     for (size_t b = 0; b < o.buckets.size(); b++) {
@@ -369,12 +342,12 @@ int tune(const TuneOptions &o) {
             Clock::now() + (deadline - Clock::now()) / int(o.buckets.size() - b);
         tune_bucket(o, spec, db, bucket_deadline, label);
         update_tuned_file(o, db);
-        write_search_plot(db, search_plot_path(o.database));
+        write_search_plot(db, search_plot_path(o.tuned_file));
     }
     update_tuned_file(o, db);
-    write_search_plot(db, search_plot_path(o.database));
+    write_search_plot(db, search_plot_path(o.tuned_file));
     fmt::print(stderr, "wrote {} and the search's plot {} ({:.1f} minutes)\n", o.tuned_file,
-               search_plot_path(o.database),
+               search_plot_path(o.tuned_file),
                std::chrono::duration<double>(Clock::now() - start).count() / 60);
     return 0;
 }

@@ -148,12 +148,13 @@ void draw_panel(std::string &svg, const Panel &p, double top) {
 
 }  // namespace
 
-std::string search_plot_path(const std::string &database) {
-    const std::string suffix = ".records.jsonl";
-    if (database.size() > suffix.size() &&
-        database.compare(database.size() - suffix.size(), suffix.size(), suffix) == 0)
-        return database.substr(0, database.size() - suffix.size()) + ".search.svg";
-    return database + ".search.svg";
+std::string search_plot_path(const std::string &tuned_file) {
+    const std::string suffix = ".json";
+    const bool json =
+        tuned_file.size() > suffix.size() &&
+        tuned_file.compare(tuned_file.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return (json ? tuned_file.substr(0, tuned_file.size() - suffix.size()) : tuned_file) +
+           ".search.svg";
 }
 
 void write_search_plot(const TuningDb &db, const std::string &path) {

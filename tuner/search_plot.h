@@ -9,8 +9,9 @@
 
 namespace mha::tune {
 
-// Where the plot of the database at `database` goes: <isa>.records.jsonl -> <isa>.search.svg.
-std::string search_plot_path(const std::string &database);
+// Where the plot of the search behind a tuned file goes: <isa>.<cpu>.json ->
+// <isa>.<cpu>.search.svg.
+std::string search_plot_path(const std::string &tuned_file);
 
 // Plots the database's records that this run could reuse (same instruction set, target,
 // schedule code and machine).

@@ -7,10 +7,17 @@
   signature and semantics, with sliding windows, soft-capping and ALiBi; ``import
   mha.transformers`` registers it with Hugging Face transformers as ``attn_implementation="mha"``.
 """
-from ._mha import Error, KvCache, dispatched_isa, set_num_threads
+from ._mha import Error, KvCache, dispatched_isa, set_num_threads, tuned_schedules
 from ._numpy import Attention
 
-__all__ = ["Attention", "Error", "KvCache", "dispatched_isa", "set_num_threads"]
+__all__ = [
+    "Attention",
+    "Error",
+    "KvCache",
+    "dispatched_isa",
+    "set_num_threads",
+    "tuned_schedules",
+]
 
 try:
     import torch  # noqa: F401

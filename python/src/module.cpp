@@ -3,6 +3,7 @@
 // dtypes and devices, makes other arrays contiguous and holds the user-facing semantics.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -148,6 +149,21 @@ NB_MODULE(_mha, m) {
         "The CPU instruction set whose kernels a module of dtype ('f32', 'bf16', 'f16') runs: "
         "avx512, avx2 or sse41 (neon on arm64); for bf16 amx or avx512bf16 where the CPU has "
         "them.");
+    m.def(
+        "tuned_schedules",
+        [] {
+            std::vector<std::map<std::string, std::string>> out;
+            for (const mha::TunedSchedule &s : mha::tuned_schedules()) {
+                out.push_back({{"isa", s.isa},
+                               {"tuned_cpu", s.tuned_cpu},
+                               {"tuned_on", s.tuned_on},
+                               {"why", s.why}});
+            }
+            return out;
+        },
+        "Per CPU instruction set the library links, whose tuned schedule parameters its kernels "
+        "run on this CPU: a list of dicts with 'isa', 'tuned_cpu' (a CPU key such as "
+        "'intel-f6-m207', or 'defaults'), 'tuned_on' (that CPU) and 'why'.");
     m.def("set_num_threads", &mha::set_num_threads, nb::arg("threads"),
           "The CPU kernels' threads, the caller's included (0: HL_NUM_THREADS, else one per "
           "core); idle ones poll for work for a millisecond before they sleep.");

@@ -201,6 +201,14 @@ def test_decode_matches_causal_forward(seed):
                                rtol=1e-4)
 
 
+def test_tuned_schedules_name_the_dispatched_isas_tuning():
+    """Each linked instruction set says whose tuned parameters it runs here, and why."""
+    schedules = {s["isa"]: s for s in mha.tuned_schedules()}
+    f32 = schedules[mha.dispatched_isa()]
+    assert f32["why"]
+    assert (f32["tuned_cpu"] == "defaults") == (f32["tuned_on"] == "")
+
+
 def test_dispatched_isa_names_each_dtypes_kernels():
     """bf16 runs its own instruction set where the CPU and the build have one, else the f32 one;
     f16 always the f32 one."""

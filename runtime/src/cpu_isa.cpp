@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdlib>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -164,6 +166,112 @@ std::optional<size_t> bf16_isa(DType dtype, Bf16Use use) {
         }
     }
     return std::nullopt;
+}
+
+namespace {
+
+// Sizes as sysfs writes them ("2048K", "105M"), in KiB.
+int64_t kib(const std::string &size) {
+    const int64_t n = std::atoll(size.c_str());
+    return size.empty() ? 0 : size.back() == 'M' ? n * 1024 : size.back() == 'K' ? n : n / 1024;
+}
+
+contract::CpuIdentity read_this_cpu() {
+    // The first core's fields of /proc/cpuinfo, by name.
+    std::map<std::string, std::string> fields;
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    for (std::string line; std::getline(cpuinfo, line) && !line.empty();) {
+        const size_t colon = line.find(':');
+        if (colon != std::string::npos && colon > 0) {
+            const size_t end = line.find_last_not_of(" \t", colon - 1);
+            fields.emplace(line.substr(0, end == std::string::npos ? 0 : end + 1),
+                           colon + 2 <= line.size() ? line.substr(colon + 2) : "");
+        }
+    }
+    contract::CpuIdentity cpu;
+    cpu.vendor = fields["vendor_id"];
+    cpu.family = std::atoi(fields["cpu family"].c_str());
+    cpu.model = std::atoi(fields["model"].c_str());
+    cpu.name = fields.count("model name") ? fields["model name"] : "unknown CPU";
+    for (int index = 0; index < 8; index++) {
+        const std::string dir = fmt::format("/sys/devices/system/cpu/cpu0/cache/index{}/", index);
+        std::ifstream level_file(dir + "level"), size_file(dir + "size");
+        int level = 0;
+        std::string size;
+        if (!(level_file >> level && size_file >> size)) {
+            continue;
+        }
+        if (level == 2) {
+            cpu.l2_kib = kib(size);
+        }
+        if (level == 3) {
+            cpu.l3_kib = kib(size);
+        }
+    }
+    return cpu;
+}
+
+// The choice of every instruction set, or the error of an MHA_TUNED_CPU naming none.
+struct ScheduleChoices {
+    std::array<ScheduleChoice, contract::kCpuIsaCount> of_isa;
+    std::string error;
+};
+
+ScheduleChoices choose_schedules() {
+    ScheduleChoices choices;
+    const char *named = std::getenv("MHA_TUNED_CPU");
+    std::string keys = "defaults";
+    bool found = named != nullptr && keys == named;
+    for (size_t isa = 0; isa < contract::kCpuIsaCount; isa++) {
+        ScheduleChoice &choice = choices.of_isa[isa];
+        choice = {0, nullptr, ""};
+        bool any_tuned = false;
+        double best_score = 0;
+        for (const TunedCpu *t = cpu_kernels().tuned_cpus; t->isa >= 0; t++) {
+            if (t->isa != int(isa)) {
+                continue;
+            }
+            any_tuned = true;
+            const std::string key = contract::cpu_key(t->cpu);
+            keys += keys.find(key) == std::string::npos ? ", " + key : "";
+            if (named != nullptr) {
+                if (key == named) {
+                    choice = {t->slot, t, fmt::format("MHA_TUNED_CPU is {}", named)};
+                    found = true;
+                }
+            } else if (const auto match = contract::cpu_match(t->cpu, this_cpu());
+                       match && (choice.tuned == nullptr || match->score > best_score)) {
+                choice = {t->slot, t, "tuned on a CPU of " + match->why};
+                best_score = match->score;
+            }
+        }
+        if (choice.tuned == nullptr) {
+            choice.why = named != nullptr ? fmt::format("MHA_TUNED_CPU is {}", named)
+                         : any_tuned
+                             ? fmt::format("none of its tuned CPUs is of this CPU's vendor ({})",
+                                           this_cpu().vendor)
+                             : "no CPU is tuned for it";
+        }
+    }
+    if (named != nullptr && !found) {
+        choices.error = fmt::format("MHA_TUNED_CPU is '{}', which is not one of {}", named, keys);
+    }
+    return choices;
+}
+
+}  // namespace
+
+const contract::CpuIdentity &this_cpu() {
+    static const contract::CpuIdentity cpu = read_this_cpu();
+    return cpu;
+}
+
+const ScheduleChoice &schedule_choice(int isa) {
+    static const ScheduleChoices choices = choose_schedules();
+    if (!choices.error.empty()) {
+        throw Error(choices.error);
+    }
+    return choices.of_isa[size_t(isa)];
 }
 
 }  // namespace mha::detail

@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 
+#include "kernel_table.h"
 #include "mha/mha.h"
 
 namespace mha::detail {
@@ -27,5 +29,20 @@ enum class Bf16Use { products, reads };
 // dot products only where they outrun the f32 FMAs (dot_pairs_outrun_fmas) or MHA_CPU_ISA
 // names them; to read, its kernels wherever the CPU runs them, AMX's CPUs included.
 std::optional<size_t> bf16_isa(DType dtype, Bf16Use use = Bf16Use::products);
+
+// Which parameters instruction set `isa`'s kernels run here: those of the tuned CPU closest to
+// this one (contract::cpu_match), or the defaults where no tuned CPU is of this vendor, or what
+// MHA_TUNED_CPU names ("defaults" or a CPU key). Decided once per process; throws mha::Error
+// when MHA_TUNED_CPU names none of the build's tuned CPUs.
+struct ScheduleChoice {
+    int slot;               // 0: the defaults
+    const TunedCpu *tuned;  // null for the defaults
+    std::string why;
+};
+const ScheduleChoice &schedule_choice(int isa);
+
+// The CPU this process runs on (/proc/cpuinfo and core 0's caches in sysfs, on Linux; an empty
+// vendor elsewhere).
+const contract::CpuIdentity &this_cpu();
 
 }  // namespace mha::detail

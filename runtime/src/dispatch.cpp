@@ -15,7 +15,8 @@ using contract::ArgId;
 
 const KernelComponent &component_for(Device device) {
     if (device == Device::cpu) {
-        cpu_isa();  // an unusable MHA_CPU_ISA is an error before any kernel is chosen
+        // An unusable MHA_CPU_ISA or MHA_TUNED_CPU is an error before any kernel is chosen.
+        schedule_choice(int(cpu_isa()));
         return cpu_kernels();
     }
     return gpu_component(device);

@@ -1,5 +1,8 @@
 // Which kernels the program links, and which one serves a call.
 
+#include <algorithm>
+
+#include "cpu_isa.h"
 #include "kernel_table.h"
 
 // Defined by the GPU libraries (kernels/<device>_kernels.cpp); weak, so that a program linked
@@ -26,10 +29,12 @@ const KernelComponent *linked_component(Device device) {
 
 const CompiledKernel *find_kernel(const KernelComponent &component, int isa, int64_t token_rows,
                                   const contract::KernelVariant &variant) {
-    const contract::BucketSet bucket = contract::bucket_bit(contract::shape_bucket(token_rows));
+    const int slot = component.device == Device::cpu ? schedule_choice(isa).slot : 0;
+    const contract::ScheduleCells cell =
+        contract::schedule_cell(slot, contract::shape_bucket(token_rows));
     for (size_t k = 0; k < component.count; k++) {
         const CompiledKernel &kernel = component.kernels[k];
-        if (kernel.variant == variant && (kernel.buckets & bucket) &&
+        if (kernel.variant == variant && (kernel.cells & cell) &&
             (kernel.device != Device::cpu || kernel.isa == isa)) {
             return &kernel;
         }
@@ -60,6 +65,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.device,
                             kernel.isa >= 0 ? std::string(contract::kCpuIsas[kernel.isa].name) : "",
                             {},
+                            {},
                             std::string(contract::mask_kind_name(kernel.variant.mask)),
                             kernel.variant.returns_weights,
                             kernel.variant.fused_qkv,
@@ -68,13 +74,24 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.variant.single_query,
                             kernel.variant.dtype,
                             {}};
-            if (kernel.buckets == contract::kAllBuckets) {
+            const contract::BucketSet buckets = contract::cell_buckets(kernel.cells);
+            if (buckets == contract::kAllBuckets) {
                 info.buckets.emplace_back(contract::kAnyBucket);
             }
             for (const contract::BucketSpec &b : contract::kShapeBuckets) {
-                if (kernel.buckets != contract::kAllBuckets &&
-                    (kernel.buckets & contract::bucket_bit(b.bucket))) {
+                if (buckets != contract::kAllBuckets &&
+                    (buckets & contract::bucket_bit(b.bucket))) {
                     info.buckets.emplace_back(b.name);
+                }
+            }
+            if (kernel.device == Device::cpu && kernel.cells != contract::kAllCells) {
+                if (contract::serves_slot(kernel.cells, 0)) {
+                    info.tunings.emplace_back("defaults");
+                }
+                for (const detail::TunedCpu *t = component->tuned_cpus; t->isa >= 0; t++) {
+                    if (t->isa == kernel.isa && contract::serves_slot(kernel.cells, t->slot)) {
+                        info.tunings.push_back(contract::cpu_key(t->cpu));
+                    }
                 }
             }
             for (contract::ArgId id : contract::kernel_arguments(kernel.variant)) {
@@ -85,5 +102,23 @@ std::vector<KernelInfo> linked_kernels() {
     }
     return all;
 }
+
+std::vector<TunedSchedule> tuned_schedules() {
+    std::vector<TunedSchedule> all;
+    const detail::KernelComponent &component = detail::cpu_kernels();
+    for (size_t isa = 0; isa < contract::kCpuIsaCount; isa++) {
+        const bool linked = std::any_of(component.kernels, component.kernels + component.count,
+                                        [&](const auto &k) { return k.isa == int(isa); });
+        if (linked) {
+            const detail::ScheduleChoice &choice = detail::schedule_choice(int(isa));
+            all.push_back({std::string(contract::kCpuIsas[isa].name),
+                           choice.tuned ? contract::cpu_key(choice.tuned->cpu) : "defaults",
+                           choice.tuned ? contract::describe(choice.tuned->cpu) : "", choice.why});
+        }
+    }
+    return all;
+}
+
+std::string this_cpu() { return contract::describe(detail::this_cpu()); }
 
 }  // namespace mha

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "HalideRuntime.h"
@@ -18,10 +19,17 @@ namespace mha::detail {
 struct CompiledKernel {
     std::string_view name;
     Device device;
-    int isa;  // index into contract::kCpuIsas; -1 on GPUs
-    contract::BucketSet buckets;
+    int isa;                        // index into contract::kCpuIsas; -1 on GPUs
+    contract::ScheduleCells cells;  // the (tuning, shape bucket) pairs it serves
     contract::KernelVariant variant;
     int (*call_argv)(void **args);  // Halide's _argv entry point: user_context, then arguments
+};
+
+// A CPU whose tuned parameters an instruction set's kernels were also compiled with.
+struct TunedCpu {
+    int isa;   // index into contract::kCpuIsas; -1 ends a table
+    int slot;  // its tuning slot in the kernels' cells (contract::schedule_cell)
+    contract::CpuIdentity cpu;
 };
 
 // One device's kernels; GPU devices come as separately linked components.
@@ -30,6 +38,7 @@ struct KernelComponent {
     const CompiledKernel *kernels;
     size_t count;
     const halide_device_interface_t *(*device_interface)();  // null on the CPU
+    const TunedCpu *tuned_cpus;                              // ended by isa -1; null on GPUs
 };
 
 // The CPU kernels (always linked), and a GPU device's component, or null when the program was

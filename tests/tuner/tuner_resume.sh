@@ -30,9 +30,12 @@ cat "$dir/second.log"
 grep -q "resumed $kept candidates" "$dir/second.log" || { echo "did not resume $kept"; exit 1; }
 [ "$(searched)" -eq 5 ] || { echo "expected 5 search records in all, not $(searched)"; exit 1; }
 [ -s "$dir/sse41.json" ] || { echo "no tuned file"; exit 1; }
-# The tuned file names the CPU it was tuned on, with x86's family and model numbers.
+# The tuned file names the CPU it was tuned on, with x86's family and model numbers, per bucket
+# and as the identity that dispatch matches.
 grep -Eq '"machine": ".*family [0-9]+ model [0-9]+.*, [0-9]+ cores"' "$dir/sse41.json" ||
     { echo "$dir/sse41.json does not name the CPU's family and model"; exit 1; }
+grep -Eq '"vendor": "(GenuineIntel|AuthenticAMD)"' "$dir/sse41.json" ||
+    { echo "$dir/sse41.json does not give its CPU's vendor"; exit 1; }
 plot="$dir/sse41.search.svg"
 [ "$(grep -c '<circle' "$plot")" -ge 5 ] || { echo "$plot does not show the 5 candidates"; exit 1; }
 grep -q "defaults" "$plot" || { echo "$plot does not mark the defaults"; exit 1; }

@@ -394,6 +394,9 @@ struct KernelInfo {
     Device device;
     std::string isa;                   // CPU instruction set; empty on GPUs
     std::vector<std::string> buckets;  // CPU shape buckets it serves; {"any"} on GPUs
+    // The CPU kernels' parameters: those of the tuned CPUs it serves ("intel-f6-m207") and
+    // "defaults" (the instruction set's own); empty where it serves every tuning and on GPUs.
+    std::vector<std::string> tunings;
     std::string mask;  // the mask it takes: none, bytes (either convention) or additive
     bool returns_weights;
     bool fused_qkv;
@@ -409,5 +412,24 @@ struct KernelInfo {
 // Every kernel linked into this program: the CPU kernels, and those of each GPU library the
 // program links (mha_cuda, mha_opencl).
 std::vector<KernelInfo> linked_kernels();
+
+// The CPU kernels are compiled for each instruction set's default schedule parameters and for
+// those tuned on each CPU of schedules/tuned (docs/tuning.md). Which ones run here, per
+// instruction set the program links: the tuned CPU closest to this one (of its vendor; the same
+// family and model first, then family, then the nearest caches), the defaults where none is of
+// its vendor, or what the environment's MHA_TUNED_CPU names ("defaults", or a CPU key such as
+// "amd-f26-m2"; one that names none of the build's raises mha::Error, here and in every call).
+struct TunedSchedule {
+    std::string isa;
+    std::string tuned_cpu;  // the CPU key, or "defaults"
+    std::string
+        tuned_on;     // that CPU: model name, vendor, family, model, caches; empty for defaults
+    std::string why;  // e.g. "tuned on a CPU of the same vendor, family and model"
+};
+std::vector<TunedSchedule> tuned_schedules();
+
+// This CPU, as tuned files describe theirs: "Intel(R) Xeon(R) Processor (GenuineIntel family 6
+// model 207; L2 2048K, L3 107520K)".
+std::string this_cpu();
 
 }  // namespace mha

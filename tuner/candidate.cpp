@@ -8,6 +8,7 @@
 #include "buffers.h"
 #include "dtype.h"
 #include "scratch_pool.h"
+#include "thread_pool.h"
 
 namespace mha::tune {
 namespace {
@@ -16,6 +17,14 @@ void *scratch_malloc(Halide::JITUserContext *, size_t bytes) {
     return detail::scratch_allocate(bytes);
 }
 void scratch_free(Halide::JITUserContext *, void *block) { detail::scratch_release(block); }
+// Parallel loops on the library's pool, as its kernels' run: Halide's own pool, which sleeps
+// after tens of microseconds, favoured other parameters at few rows (bench/RESULTS.md).
+int pool_do_par_for(Halide::JITUserContext *context,
+                    int (*task)(Halide::JITUserContext *, int, uint8_t *), int min, int extent,
+                    uint8_t *closure) {
+    return detail::pool_par_for(context, reinterpret_cast<halide_task_t>(task), min, extent,
+                                closure);
+}
 
 }  // namespace
 
@@ -134,6 +143,7 @@ int Candidate::run(Workload &work) const {
     Halide::JITUserContext context;
     context.handlers.custom_malloc = &scratch_malloc;
     context.handlers.custom_free = &scratch_free;
+    context.handlers.custom_do_par_for = &pool_do_par_for;
     Halide::JITUserContext *context_pointer = &context;
     std::vector<const void *> argv = {&context_pointer};
     for (contract::ArgId id : compiled_->argument_order) {

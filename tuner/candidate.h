@@ -1,7 +1,8 @@
 // One forward pass JIT-compiled for a CPU instruction set, with given schedule parameters or by
 // one of Halide's autoschedulers, and the problem it runs on. It runs the way the library runs
 // its kernels: on prepacked weights, with Halide's allocations served by the library's scratch
-// pool, so that what the tuner times is what a call of the library costs.
+// pool and its parallel loops by the library's thread pool, so that what the tuner times is what
+// a call of the library costs.
 #pragma once
 
 #include <memory>
@@ -13,6 +14,9 @@
 #include "problems.h"
 
 namespace mha::tune {
+
+// What the tuning database records of that (RunContext::thread_pool).
+inline constexpr const char *kCandidateThreadPool = "library";
 
 // A problem and its packed weights, built once per shape; the variant is self-attention (fused
 // QKV) when Sq = Sk, as in the benchmark sweep, with no mask and no weights returned. For a

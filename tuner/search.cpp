@@ -324,9 +324,9 @@ int tune(const TuneOptions &o) {
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(o.budget_minutes * 60));
-    TuningDb db(o.database,
-                {std::string(o.isa->name), std::string(o.isa->halide_target), MHA_SCHEDULE_HASH,
-                 machine_description(), fmt::format("{}-{}", utc_date(), ::getpid()), o.command});
+    TuningDb db(o.database, {std::string(o.isa->name), std::string(o.isa->halide_target),
+                             MHA_SCHEDULE_HASH, machine_description(), kCandidateThreadPool,
+                             fmt::format("{}-{}", utc_date(), ::getpid()), o.command});
     fmt::print(stderr, "tuning database {}: {} earlier records{}\n", o.database, db.loaded(),
                db.skipped() ? fmt::format(" ({} unreadable lines skipped)", db.skipped()) : "");
     if (o.plot_only) {

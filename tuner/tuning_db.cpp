@@ -53,10 +53,11 @@ TuningDb::~TuningDb() = default;
 
 size_t TuningDb::loaded() const { return records_.size(); }
 
-bool TuningDb::comparable(const json &r, bool same_machine) const {
+bool TuningDb::comparable(const json &r) const {
     return r.value("isa", "") == context_.isa && r.value("target", "") == context_.target &&
            r.value("schedule_hash", "") == context_.schedule_hash &&
-           (!same_machine || r.value("machine", "") == context_.machine);
+           r.value("machine", "") == context_.machine &&
+           r.value("thread_pool", "halide") == context_.thread_pool;
 }
 
 std::optional<Measurement> TuningDb::earlier(const std::string &role, contract::ShapeBucket bucket,
@@ -66,7 +67,7 @@ std::optional<Measurement> TuningDb::earlier(const std::string &role, contract::
     for (auto r = records_.rbegin(); r != records_.rend(); ++r) {
         try {
             if (r->value("kind", "") != "measurement" || r->value("role", "") != role ||
-                !comparable(*r, true) || r->value("bucket", "") != bucket_name(bucket) ||
+                !comparable(*r) || r->value("bucket", "") != bucket_name(bucket) ||
                 shape_from(r->at("shape")) != shape || r->at("params") != want_params) {
                 continue;
             }
@@ -90,7 +91,7 @@ std::map<contract::ShapeBucket, cpu::TunedBucket> TuningDb::decisions() const {
     const contract::CpuIsa &isa = isa_named(context_.isa);
     for (const json &r : records_) {
         try {
-            if (r.value("kind", "") != "decision" || !comparable(r, false)) {
+            if (r.value("kind", "") != "decision" || !comparable(r)) {
                 continue;
             }
             const cpu::TunedBucket t = cpu::tuned_bucket_from_json(
@@ -104,10 +105,10 @@ std::map<contract::ShapeBucket, cpu::TunedBucket> TuningDb::decisions() const {
 }
 
 void TuningDb::write(json record) {
-    json line = {{"kind", record.at("kind")},  {"run", context_.run},
-                 {"date", utc_now()},          {"isa", context_.isa},
-                 {"target", context_.target},  {"schedule_hash", context_.schedule_hash},
-                 {"machine", context_.machine}};
+    json line = {{"kind", record.at("kind")},   {"run", context_.run},
+                 {"date", utc_now()},           {"isa", context_.isa},
+                 {"target", context_.target},   {"schedule_hash", context_.schedule_hash},
+                 {"machine", context_.machine}, {"thread_pool", context_.thread_pool}};
     for (auto &[key, value] : record.items()) {
         line[key] = value;
     }
@@ -125,7 +126,7 @@ void TuningDb::write(json record) {
 std::vector<json> TuningDb::comparable_records() const {
     std::vector<json> result;
     std::copy_if(records_.begin(), records_.end(), std::back_inserter(result),
-                 [&](const json &r) { return comparable(r, true); });
+                 [&](const json &r) { return comparable(r); });
     return result;
 }
 

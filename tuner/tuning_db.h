@@ -17,9 +17,10 @@
 
 namespace mha::tune {
 
-// What every record of one run carries.
+// What every record of one run carries. thread_pool: what ran the candidates' parallel loops,
+// "library" (the library's pool, as its kernels run); records without it ran on Halide's own.
 struct RunContext {
-    std::string isa, target, schedule_hash, machine, run, command;
+    std::string isa, target, schedule_hash, machine, thread_pool, run, command;
 };
 
 struct Measurement {
@@ -45,18 +46,18 @@ public:
     TuningDb(std::string path, RunContext context);
     ~TuningDb();
 
-    // The last earlier measurement in `role` of these parameters, on this bucket and shape, with
-    // this run's instruction set, target, schedule code and machine.
+    // The last earlier measurement in `role` of these parameters, on this bucket and shape, made
+    // as this run makes them (comparable).
     std::optional<Measurement> earlier(const std::string &role, contract::ShapeBucket bucket,
                                        const contract::ProblemShape &shape,
                                        const cpu::ScheduleParams &params) const;
-    // The last decision per bucket with this instruction set, target and schedule code.
+    // The last decision per bucket made as this run makes them (comparable): this CPU's.
     std::map<contract::ShapeBucket, cpu::TunedBucket> decisions() const;
 
     void append(const Measurement &m);
     void append(const Decision &d);
 
-    // The records this run could reuse: same instruction set, target, schedule code, machine.
+    // The records this run could reuse (comparable).
     std::vector<nlohmann::ordered_json> comparable_records() const;
 
     const RunContext &context() const { return context_; }
@@ -65,9 +66,9 @@ public:
 
 private:
     void write(nlohmann::ordered_json record);
-    // Whether a stored record has this run's instruction set, target and schedule code (and,
-    // with `same_machine`, machine).
-    bool comparable(const nlohmann::ordered_json &record, bool same_machine) const;
+    // Whether a stored record has this run's instruction set, target, schedule code, machine
+    // and thread pool.
+    bool comparable(const nlohmann::ordered_json &record) const;
 
     std::string path_;
     RunContext context_;

@@ -1,6 +1,7 @@
 #include "cpu_isa.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -15,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "HalideBuffer.h"
 #include "kernel_table.h"
@@ -220,8 +222,8 @@ struct ScheduleChoices {
 ScheduleChoices choose_schedules() {
     ScheduleChoices choices;
     const char *named = std::getenv("MHA_TUNED_CPU");
-    std::string keys = "defaults";
-    bool found = named != nullptr && keys == named;
+    std::vector<std::string> keys = {"defaults"};
+    bool found = named != nullptr && keys.front() == named;
     for (size_t isa = 0; isa < contract::kCpuIsaCount; isa++) {
         ScheduleChoice &choice = choices.of_isa[isa];
         choice = {0, nullptr, ""};
@@ -233,7 +235,9 @@ ScheduleChoices choose_schedules() {
             }
             any_tuned = true;
             const std::string key = contract::cpu_key(t->cpu);
-            keys += keys.find(key) == std::string::npos ? ", " + key : "";
+            if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+                keys.push_back(key);
+            }
             if (named != nullptr) {
                 if (key == named) {
                     choice = {t->slot, t, fmt::format("MHA_TUNED_CPU is {}", named)};
@@ -254,7 +258,8 @@ ScheduleChoices choose_schedules() {
         }
     }
     if (named != nullptr && !found) {
-        choices.error = fmt::format("MHA_TUNED_CPU is '{}', which is not one of {}", named, keys);
+        choices.error = fmt::format("MHA_TUNED_CPU is '{}', which is not one of {}", named,
+                                    fmt::join(keys, ", "));
     }
     return choices;
 }

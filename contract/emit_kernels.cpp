@@ -206,11 +206,11 @@ std::string cells_name(ScheduleCells cells, const std::vector<Tuning> &tunings) 
         for (size_t slot = 0; slot < tunings.size(); slot++) {
             slots |= (cells & schedule_cell(int(slot), b.bucket)) ? 1u << slot : 0u;
         }
-        const auto part = std::find_if(parts.begin(), parts.end(),
-                                       [&](const auto &p) { return p.first == slots; });
         if (slots == 0) {
             continue;
         }
+        const auto part = std::find_if(parts.begin(), parts.end(),
+                                       [&](const auto &p) { return p.first == slots; });
         if (part == parts.end()) {
             parts.push_back({slots, bucket_bit(b.bucket)});
         } else {
@@ -319,22 +319,21 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
         // Forward kernels take each bucket's parameters; the decode steps' and the averaging
         // kernels serve every size with the smallest bucket's (a step's new tokens are few); the
         // attention kernels have their own (ScheduleParams::attention_defaults).
-        const auto forward = [&](const Tuning &t, ShapeBucket b) {
-            return t.params(isa, b);
-        };
-        const auto step = [&](const Tuning &t, ShapeBucket) {
+        const auto forward_groups = cell_groups(
+            isa_tunings, [&](const Tuning &t, ShapeBucket b) { return t.params(isa, b); });
+        const auto step_groups = cell_groups(isa_tunings, [&](const Tuning &t, ShapeBucket) {
             return t.params(isa, kShapeBuckets.front().bucket);
-        };
-        const auto attention = [&](const Tuning &, ShapeBucket) {
+        });
+        const auto attention_groups = cell_groups(isa_tunings, [&](const Tuning &, ShapeBucket) {
             return mha::cpu::ScheduleParams::attention_defaults(isa);
-        };
+        });
         for (const KernelVariant &v : kKernelVariants) {
             if (!v.compiled_for(isa)) {
                 continue;
             }
-            const auto groups = v.op == KernelOp::forward     ? cell_groups(isa_tunings, forward)
-                                : v.op == KernelOp::attention ? cell_groups(isa_tunings, attention)
-                                                              : cell_groups(isa_tunings, step);
+            const auto &groups = v.op == KernelOp::forward     ? forward_groups
+                                 : v.op == KernelOp::attention ? attention_groups
+                                                               : step_groups;
             for (size_t g = 0; g < groups.size(); g++) {
                 const auto &[cells, params] = groups[g];
                 std::string name =

@@ -60,20 +60,6 @@ IsaChoice choose() {
     return {std::max(best, *capped), ""};
 }
 
-// Whether the build has kernels of instruction set `isa` (MHA_CPU_ISAS may leave some out),
-// read from the kernel table once.
-bool linked(size_t isa) {
-    static const std::array<bool, contract::kCpuIsaCount> has_kernels = [] {
-        std::array<bool, contract::kCpuIsaCount> has{};
-        const KernelComponent &component = cpu_kernels();
-        for (size_t k = 0; k < component.count; k++) {
-            has[size_t(component.kernels[k].isa)] = true;
-        }
-        return has;
-    }();
-    return has_kernels[isa];
-}
-
 // The choice's instruction set, or mha::Error with its reason.
 size_t chosen(const IsaChoice &choice) {
     if (!choice.isa) {
@@ -140,6 +126,18 @@ bool dot_pairs_outrun_fmas() {
 }
 
 }  // namespace
+
+bool linked(size_t isa) {
+    static const std::array<bool, contract::kCpuIsaCount> has_kernels = [] {
+        std::array<bool, contract::kCpuIsaCount> has{};
+        const KernelComponent &component = cpu_kernels();
+        for (size_t k = 0; k < component.count; k++) {
+            has[size_t(component.kernels[k].isa)] = true;
+        }
+        return has;
+    }();
+    return has_kernels[isa];
+}
 
 size_t cpu_isa() {
     static const IsaChoice choice = linked_f32_isa(best_isa());

@@ -10,6 +10,10 @@
 
 namespace mha::detail {
 
+// Whether the build has kernels of instruction set `isa` (MHA_CPU_ISAS may leave some out),
+// read from the kernel table once.
+bool linked(size_t isa);
+
 // The index in contract::kCpuIsas of the best f32 instruction set the CPU supports (as Halide's
 // own target check decides it, through the multi-target probe kernel), capped by the
 // environment's MHA_CPU_ISA when set, of those the build has kernels for (MHA_CPU_ISAS).

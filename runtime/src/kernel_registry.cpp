@@ -1,7 +1,5 @@
 // Which kernels the program links, and which one serves a call.
 
-#include <algorithm>
-
 #include "cpu_isa.h"
 #include "kernel_table.h"
 
@@ -105,11 +103,8 @@ std::vector<KernelInfo> linked_kernels() {
 
 std::vector<TunedSchedule> tuned_schedules() {
     std::vector<TunedSchedule> all;
-    const detail::KernelComponent &component = detail::cpu_kernels();
     for (size_t isa = 0; isa < contract::kCpuIsaCount; isa++) {
-        const bool linked = std::any_of(component.kernels, component.kernels + component.count,
-                                        [&](const auto &k) { return k.isa == int(isa); });
-        if (linked) {
+        if (detail::linked(isa)) {
             const detail::ScheduleChoice &choice = detail::schedule_choice(int(isa));
             all.push_back({std::string(contract::kCpuIsas[isa].name),
                            choice.tuned ? contract::cpu_key(choice.tuned->cpu) : "defaults",

@@ -16,7 +16,9 @@ inline constexpr size_t kMaxCachedBytes = size_t(256) << 20;
 void *scratch_allocate(size_t bytes);
 void scratch_release(void *block);
 
-// Bytes held for reuse now, and blocks obtained from the C library so far, for tests.
+// Bytes the threads' caches have reserved for reuse (at least what they hold now; it grows only
+// when a cache outgrows its reservation), and blocks obtained from the C library so far, for
+// tests.
 size_t scratch_cached_bytes();
 size_t scratch_blocks_allocated();
 

@@ -554,7 +554,7 @@ public:
                                                       params);
         } else {
             mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
-                                         num_keys_, mask_keys_dense_, false, params);
+                                         num_keys_, mask_keys_dense_, false, false, params);
         }
         Var hb("hb");
         Func context = args_.output(ArgId::context), lse = args_.output(ArgId::lse);

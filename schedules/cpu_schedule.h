@@ -427,13 +427,16 @@ struct AttentionTiles {
 // softmax.weights is the pipeline's weights output, written once, and weights·V reads it back.
 // `context_tiles` is what the pipeline reads of the context (a wrapper of core.context.result, or
 // a Func of it and the softmax's row statistics): computed at root in register tiles, in
-// merged-head order. `k_heads` and `v_heads` are copied here (compute_root).
+// merged-head order. `k_heads` and `v_heads` are copied here (compute_root); `keys_padded`: K's
+// heads may be read up to a whole vector of features past head_dim (the projections' padded
+// features), not past the end of a caller's tensor.
 inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
                                          Halide::Func context_tiles, Halide::Func k_heads,
                                          Halide::Func v_heads, const Halide::Expr &query_len,
                                          const Halide::Expr &num_keys,
                                          const Halide::Expr &mask_keys_dense,
-                                         bool weights_are_output, const ScheduleParams &sp) {
+                                         bool weights_are_output, bool keys_padded,
+                                         const ScheduleParams &sp) {
     using namespace Halide;
     const int vec = sp.vector_lanes;
     const auto whole = TailStrategy::RoundUp;
@@ -476,18 +479,38 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
         fork_over_cores(keys, hb, sp);
         fork_over_cores(values, hb_copy, sp);
     } else {
-        k_heads.compute_root()
+        // With `keys_padded` (a head's features readable up to a whole vector past head_dim),
+        // K is transposed in blocks of vec x vec, loaded along the features and stored along
+        // the keys through registers; else gathered a vector of keys at a time, a scalar load
+        // per key (16 % of a one-token call, which copies whole tiles of keys).
+        Func keys = k_heads;
+        Var fo("fo"), fi("fi");
+        if (keys_padded) {
+            keys = k_heads.in();
+            k_heads.compute_at(keys, so)
+                .store_in(MemoryType::Register)
+                .bound_extent(v.c, vec)
+                .bound_extent(v.s, vec)
+                .bound_extent(v.h, 1)
+                .bound_extent(v.b, 1)
+                .vectorize(v.c)
+                .unroll(v.s);
+        }
+        keys.compute_root()
             .bound(v.s, 0, key_tiles * key_cols + vec)
             .reorder_storage(v.s, v.c, v.h, v.b)
-            .split(v.s, so, si, vec, whole)
-            .reorder(si, v.c, so, v.h, v.b)
-            .fuse(v.h, v.b, hb)
-            .vectorize(si);
+            .split(v.s, so, si, vec, whole);
+        if (keys_padded) {
+            keys.split(v.c, fo, fi, vec, whole).reorder(si, fi, so, fo, v.h, v.b).unroll(fi);
+        } else {
+            keys.reorder(si, v.c, so, v.h, v.b);
+        }
+        keys.fuse(v.h, v.b, hb).vectorize(si);
+        fork_over_cores(keys, hb, sp);
         v_heads.compute_root()
             .split(v.c, co_copy, ci_copy, vec, whole)
             .fuse(v.h, v.b, hb_copy)
             .vectorize(ci_copy);
-        fork_over_cores(k_heads, hb, sp);
         fork_over_cores(v_heads, hb_copy, sp);
     }
 
@@ -680,8 +703,10 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
         schedule_tiled_attention(f, weights_are_output, sp);
         return;
     }
+    // K's heads are views of the projection, whose features are padded past every head's
+    // whole vectors (contract::padded_features).
     schedule_attention(v, f.core, f.core.context.result.in(), f.k_heads, f.v_heads, f.query_len,
-                       f.num_keys, f.mask_keys_dense, weights_are_output, sp);
+                       f.num_keys, f.mask_keys_dense, weights_are_output, true, sp);
 }
 
 // A decode step. Per (batch row, head) task and new token: Q·Kᵀ against every cached key in

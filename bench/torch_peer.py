@@ -132,19 +132,19 @@ def measure_gqa(dims, kv_heads, threads, min_time_s=0.3):
         return median_ms(gqa, min_time_s)
 
 
-def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
+def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32):
     """Median milliseconds of one PyTorch decode step: the new token's fused QKV projection
     (F.linear), its key and value written in place into a preallocated cache, SDPA over the
-    filled part, the output projection."""
+    filled part, the output projection; weights, token and cache in `dtype`."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     d = E // H
-    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval()
+    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval().to(dtype)
     w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
     wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
-    k_cache = torch.rand(batch, H, cached + 1, d)
-    v_cache = torch.rand(batch, H, cached + 1, d)
-    token = torch.rand(batch, 1, E) * 2 - 1
+    k_cache = torch.rand(batch, H, cached + 1, d, dtype=dtype)
+    v_cache = torch.rand(batch, H, cached + 1, d, dtype=dtype)
+    token = (torch.rand(batch, 1, E) * 2 - 1).to(dtype)
 
     def step():
         q, k, v = F.linear(token, w_in, b_in).view(batch, 1, 3, H, d).permute(2, 0, 3, 1, 4)

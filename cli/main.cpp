@@ -33,6 +33,7 @@ struct Options {
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Causal causal = mha::Causal::none;
     mha::DType dtype = mha::DType::f32;
+    std::optional<mha::DType> cache_dtype;  // --decode's; the module's when not given
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool average_weights = false;
@@ -154,6 +155,10 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     app.add_flag("--decode", o.decode,
                  "time a decode step instead: one new token per batch row against a KV cache "
                  "already holding --key-len tokens");
+    app.add_option("--cache-dtype", o.cache_dtype,
+                   "f32 | bf16 | f16: what --decode's KV cache stores (default: --dtype)")
+        ->transform(CLI::CheckedTransformer(dtypes))
+        ->type_name("DTYPE");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         exit_code = *code;
         return std::nullopt;
@@ -390,7 +395,8 @@ int run_decode(const Options &o) {
         {B, 1, N + 1, E, d.num_heads}, o.seed, false, 0, 0, o.kv_heads);
     problem.dtype = o.dtype;  // the f32 tokens are rounded to it on entry
     const mha::MultiHeadAttention module = mha::problems::make_module(problem, o.device);
-    mha::KvCache cache = module.make_cache(B, N + 1);
+    mha::KvCache cache = module.make_cache(B, N + 1, o.cache_dtype);
+    problem.kv_dtype = cache.dtype();
     // The sequences are problem.key (= problem.value): the first N tokens of each row fill the
     // cache, the last one is the new token (problem.query is made the same token).
     std::vector<float> prompt(B * N * E), token(B * E), output(B * E);
@@ -410,8 +416,8 @@ int run_decode(const Options &o) {
 
     fmt::print(
         "mha: decode step, batch {}, 1 new token per row over {} cached, embed_dim {}, "
-        "{} heads of {}\n",
-        B, N, E, H, hd);
+        "{} heads of {}, {} cache\n",
+        B, N, E, H, hd, mha::contract::dtype_name(cache.dtype()));
     fmt::print("dimension flow:\n     {:<22} {}\n", "new tokens", shape({B, 1, E}));
     const auto line = [](const char *stage, const std::string &s) {
         fmt::print("  -> {:<22} {}\n", stage, s);

@@ -90,11 +90,12 @@ std::string kernel_name(const std::string &where, const std::string &served,
                         const KernelVariant &v) {
     std::string name = "mha_" + std::string(op_name(v.op)) + "_" + where + "_" + served;
     if (v.op == KernelOp::qkv_projection || v.op == KernelOp::average_heads) {
-        return name;
+        return name + dtype_suffix(v.dtype);
     }
     name += "_" + std::string(mask_kind_name(v.mask)) + "_mask";
     if (v.op == KernelOp::decode) {
-        return name;
+        return name + dtype_suffix(v.dtype) + (v.cache == mha::DType::f32 ? "" : "_cache") +
+               dtype_suffix(v.cache);
     }
     if (v.op == KernelOp::attention) {
         return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "") +
@@ -112,6 +113,12 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
     std::string params;
     if (v.op == KernelOp::forward || v.op == KernelOp::decode || v.op == KernelOp::attention) {
         params += " mask_kind=" + std::string(mask_kind_name(v.mask));
+    }
+    if (v.op == KernelOp::qkv_projection || v.op == KernelOp::decode) {
+        params += " dtype=" + std::string(dtype_name(v.dtype));
+    }
+    if (v.op == KernelOp::decode) {
+        params += " cache=" + std::string(dtype_name(v.cache));
     }
     if (v.op == KernelOp::attention) {
         params += " window=" + bool_name(v.causal) +
@@ -393,7 +400,8 @@ std::string variant_initializer(const KernelVariant &v) {
            ", contract::MaskKind::" + std::string(mask_kind_name(v.mask)) + ", " +
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
            bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + ", " +
-           bool_name(v.modified_scores) + ", " + bool_name(v.single_query) + "}";
+           bool_name(v.modified_scores) + ", " + bool_name(v.single_query) +
+           ", DType::" + std::string(dtype_name(v.cache)) + "}";
 }
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the

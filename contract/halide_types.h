@@ -13,6 +13,8 @@ constexpr halide_type_t halide_type(ElementType type) {
         return halide_type_t(halide_type_float, 32);
     case ElementType::bf16:
         return halide_type_t(halide_type_bfloat, 16);
+    case ElementType::f16:
+        return halide_type_t(halide_type_float, 16);
     case ElementType::u16:
         return halide_type_t(halide_type_uint, 16);
     case ElementType::u8:

@@ -19,10 +19,11 @@ namespace mha::contract {
 // --- Kernel arguments ----------------------------------------------------------------------
 
 enum class ArgKind { input_buffer, input_scalar, output_buffer };
-// u16: the bits of a bf16 or an f16 (the variant's dtype), which a GPU kernel widens to f32
-// exactly as it reads them. Halide's OpenCL kernels refuse 16-bit float types on devices
-// without cl_khr_fp16 (PoCL has none), so its CUDA and OpenCL kernels read bits alike.
-enum class ElementType { f32, bf16, u16, u8, i32 };
+// f16: a decode step's weights and cache only. u16: the bits of a bf16 or an f16 (the variant's
+// dtype), which a GPU kernel widens to f32 exactly as it reads them. Halide's OpenCL kernels refuse
+// 16-bit float types on devices without cl_khr_fp16 (PoCL has none), so its CUDA and OpenCL kernels
+// read bits alike.
+enum class ElementType { f32, bf16, f16, u16, u8, i32 };
 
 // Every argument any kernel takes. Halide lists dimensions innermost first, so a PyTorch tensor
 // [B, S, E] is the buffer (e, s, b).
@@ -112,7 +113,7 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
     {ArgId::key_cache, "key_cache", ArgKind::input_buffer, ElementType::f32, 4,
      "(j, c, h, b): keys innermost"},
     {ArgId::value_cache, "value_cache", ArgKind::input_buffer, ElementType::f32, 4,
-     "(c, j, h, b): features innermost"},
+     "(c, j, h, b): features innermost, padded to kCacheValueFeatures"},
     {ArgId::cached_lengths, "cached_lengths", ArgKind::input_buffer, ElementType::i32, 1,
      "(b): tokens cached before this step"},
     {ArgId::new_counts, "new_counts", ArgKind::input_buffer, ElementType::i32, 1,
@@ -152,8 +153,26 @@ constexpr const ArgSpec &arg(ArgId id) { return kArgs[size_t(id)]; }
 // An argument's element type in a variant on a device: a 16-bit kernel reads its activations
 // and projection weights in 16 bits, biases and the rest in f32. On the CPU's matrix engine
 // they are bf16 (the weights as its tiles, kBf16TileWidth), on GPUs their bits (u16; the
-// weights in the f32 kernels' panels, kWeightPanel).
+// weights in the f32 kernels' panels, kWeightPanel). A decode step's kernels (CPU only) read
+// the weights' panels in their dtype and the cache in its own, the tokens and the rest in f32.
+constexpr ElementType element_type(DType dtype) {
+    return dtype == DType::f32    ? ElementType::f32
+           : dtype == DType::bf16 ? ElementType::bf16
+                                  : ElementType::f16;
+}
 constexpr ElementType arg_type(ArgId id, const KernelVariant &v, Device device) {
+    if (v.op == KernelOp::qkv_projection || v.op == KernelOp::decode) {
+        switch (id) {
+        case ArgId::qkv_weight:
+        case ArgId::out_weight:
+            return element_type(v.dtype);
+        case ArgId::key_cache:
+        case ArgId::value_cache:
+            return element_type(v.cache);
+        default:
+            return arg(id).type;
+        }
+    }
     if (v.dtype == DType::f32) {
         return arg(id).type;
     }
@@ -332,6 +351,18 @@ constexpr Int bf16_tile_pairs(Int in_features) {
 // A decode kernel reads the key cache in whole tiles of this many keys: caches hold a multiple
 // of it, and the runtime passes them cropped to one.
 inline constexpr int kCacheKeyTile = 64;
+// It reads each key's values in whole vectors of features: the value cache holds them padded
+// with zeros to a multiple of this (the widest vector's f32 lanes).
+inline constexpr int kCacheValueFeatures = 16;
+constexpr bool value_features_fill_vectors() {
+    for (const CpuIsa &isa : kCpuIsas) {
+        if (kCacheValueFeatures % isa.f32_lanes != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+static_assert(value_features_fill_vectors(), "every instruction set's vectors tile a value row");
 
 // The fused QKV weights stack Wq, Wk, Wv along the output features, Wq `padded_q` wide, Wk and
 // Wv `padded_kv` (grouped-query heads have fewer key/value features): the first output feature

@@ -322,7 +322,9 @@ struct KernelVariant {
     // keys i + window_start <= j <= i + window_end, a causal order, a sliding window or both,
     // the key tiles outside never computed.
     bool causal = false;
-    // The element type of the activations and weights it reads (forward and attention kernels).
+    // The element type of the activations and weights it reads (forward and attention kernels),
+    // or of the projection weights a decode step streams (its qkv_projection and decode kernels,
+    // which widen them as they read them).
     DType dtype = DType::f32;
     // Attention kernels: the scores soft-capped and ALiBi's biases added (a run-time softcap of
     // 0 and slopes of 0 leave them as they are).
@@ -330,16 +332,23 @@ struct KernelVariant {
     // Attention kernels: one query row per head (a decode step's), K and V read where they lie;
     // a copy of them into the layout that tiles of many rows want would cost more than the step.
     bool single_query = false;
+    // Decode kernels: the element type of the KV cache, widened as it is read.
+    DType cache = DType::f32;
 
     constexpr bool operator==(const KernelVariant &o) const {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype &&
-               modified_scores == o.modified_scores && single_query == o.single_query;
+               modified_scores == o.modified_scores && single_query == o.single_query &&
+               cache == o.cache;
     }
-    // Which CPU instruction sets compile it: those of its dtype (only forward and attention
-    // kernels have 16-bit ones). The attention core's bf16 kernels are dot products of pairs,
-    // which CPUs with AMX run too: those of avx512bf16 serve both.
+    // Which CPU instruction sets compile it: those of its dtype. The attention core's bf16
+    // kernels are dot products of pairs, which CPUs with AMX run too: those of avx512bf16 serve
+    // both. A decode step is bound by the bytes of its weights and cache, which every f32
+    // instruction set reads in each dtype, widening them to f32 as it reads.
     constexpr bool compiled_for(const CpuIsa &isa) const {
+        if (op == KernelOp::qkv_projection || op == KernelOp::decode) {
+            return isa.dtype == DType::f32;
+        }
         return isa.dtype == dtype && (op != KernelOp::attention || dtype == DType::f32 ||
                                       isa.bf16_products == Bf16Products::dot_pairs);
     }
@@ -363,11 +372,12 @@ struct KernelVariant {
 // Forward: every mask kind x weights or not x separate or fused QKV x causal or not, in every
 // dtype (bf16 for the CPU's bf16 instruction sets and GPUs, f16 for GPUs). A decode step (causal
 // within its new tokens by definition): one fused QKV projection, and an attention with a byte
-// key-padding mask over the cache or none. The weights averaged over heads. The attention core:
-// every mask kind x within a window or not x modified scores or not x one query row or any, in
-// f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place).
-inline constexpr std::array<KernelVariant, 124> kKernelVariants = [] {
-    std::array<KernelVariant, 124> all{};
+// key-padding mask over the cache or none, in each dtype of the weights, over a cache of the
+// weights' dtype or f32 (f32 weights: of each dtype). The weights averaged over heads. The
+// attention core: every mask kind x within a window or not x modified scores or not x one query row
+// or any, in f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place).
+inline constexpr std::array<KernelVariant, 138> kKernelVariants = [] {
+    std::array<KernelVariant, 138> all{};
     size_t n = 0;
     for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
@@ -380,9 +390,16 @@ inline constexpr std::array<KernelVariant, 124> kKernelVariants = [] {
             }
         }
     }
-    all[n++] = {KernelOp::qkv_projection, MaskKind::none, false, true};
-    for (MaskKind mask : {MaskKind::none, MaskKind::bytes}) {
-        all[n++] = {KernelOp::decode, mask, false, true};
+    for (DType weights : kDTypes) {
+        all[n++] = {KernelOp::qkv_projection, MaskKind::none, false, true, false, weights};
+        for (DType cache : kDTypes) {
+            if (weights == DType::f32 || cache == weights || cache == DType::f32) {
+                for (MaskKind mask : {MaskKind::none, MaskKind::bytes}) {
+                    all[n++] = {KernelOp::decode, mask,  false, true, false,
+                                weights,          false, false, cache};
+                }
+            }
+        }
     }
     all[n++] = {KernelOp::average_heads};
     for (DType dtype : {DType::f32, DType::bf16}) {

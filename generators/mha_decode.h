@@ -17,8 +17,8 @@ namespace mha {
 
 struct DecodeInputs {
     Halide::Func new_qkv;                     // (f, i, b): the new tokens' fused QKV projections
-    Halide::Func key_cache;                   // (j, c, kv head, b)
-    Halide::Func value_cache;                 // (c, j, kv head, b)
+    Halide::Func key_cache;                   // (j, c, kv head, b), in f32
+    Halide::Func value_cache;                 // (c, j, kv head, b), in f32
     Halide::Expr kv_heads;                    // dividing the query heads
     Halide::Func cached_lengths, new_counts;  // (b)
     Halide::Func cache_mask;                  // (j, b), or undefined

@@ -279,13 +279,15 @@ private:
 // read queries from.
 class QkvProjection : public Generator<QkvProjection> {
 public:
+    // Of the weights' panels, widened to f32 as they are read.
+    GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
-        args_.declare(
-            *this,
-            {mha::contract::KernelOp::qkv_projection, mha::contract::MaskKind::none, false, true},
-            get_target());
+        args_.declare(*this,
+                      {mha::contract::KernelOp::qkv_projection, mha::contract::MaskKind::none,
+                       false, true, false, dtype},
+                      get_target());
     }
 
     void generate() {
@@ -293,7 +295,8 @@ public:
         const Expr n = tokens.dim(1).extent(), batch = tokens.dim(2).extent();
         projection_ = mha::linear_projection(
             v_, mha::token_rows(v_, tokens, n, batch, "token_rows"),
-            mha::panel_view(args_.input(ArgId::qkv_weight), "qkv_weight_t"),
+            mha::panel_view(mha::as_f32(args_.input(ArgId::qkv_weight), "qkv_panels_f32"),
+                            "qkv_weight_t"),
             args_.input(ArgId::qkv_bias), tokens.dim(0).extent(), "qkv_proj");
         args_.output(ArgId::qkv_rows)(v_.e, v_.s, v_.b) = projection_.result(v_.e, v_.s + v_.b * n);
     }
@@ -316,13 +319,18 @@ class DecodeAttention : public Generator<DecodeAttention> {
 public:
     GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
                                                       mask_kinds_by_name()};
+    // Of the output projection's panels and of the KV cache, widened to f32 as they are read.
+    GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
+    GeneratorParam<mha::DType> cache{"cache", mha::DType::f32, dtypes_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
         if (mask_kind == mha::contract::MaskKind::additive) {
             throw CompileError("decode kernels take a byte key-padding mask or none");
         }
-        args_.declare(*this, {mha::contract::KernelOp::decode, mask_kind, false, true},
+        args_.declare(*this,
+                      {mha::contract::KernelOp::decode, mask_kind, false, true, false, dtype, false,
+                       false, cache},
                       get_target());
     }
 
@@ -331,15 +339,16 @@ public:
         GeneratorInput<Buffer<>> &key_cache = args_.input(ArgId::key_cache);
         mha::DecodeInputs in;
         in.new_qkv = new_qkv;
-        in.key_cache = key_cache;
-        in.value_cache = args_.input(ArgId::value_cache);
+        in.key_cache = mha::as_f32(key_cache, "key_cache_f32");
+        in.value_cache = mha::as_f32(args_.input(ArgId::value_cache), "value_cache_f32");
         in.cached_lengths = args_.input(ArgId::cached_lengths);
         in.new_counts = args_.input(ArgId::new_counts);
         if (mask_kind == mha::contract::MaskKind::bytes) {
             in.cache_mask = args_.input(ArgId::cache_mask);
             in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
         }
-        in.out_weight_t = mha::panel_view(args_.input(ArgId::out_weight), "out_weight_t");
+        in.out_weight_t = mha::panel_view(
+            mha::as_f32(args_.input(ArgId::out_weight), "out_panels_f32"), "out_weight_t");
         in.out_bias = args_.input(ArgId::out_bias);
         in.head_dim = args_.scalar(ArgId::head_dim);
         in.kv_heads = args_.scalar(ArgId::kv_heads);

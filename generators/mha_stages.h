@@ -94,6 +94,15 @@ inline Halide::Func widened_to_f32(const Halide::Func &bits, DType dtype, const 
     return f32;
 }
 
+// A function of any element type widened (or kept) in f32: a decode step's 16-bit weights and
+// cache, converted as they are read.
+inline Halide::Func as_f32(const Halide::Func &f, const std::string &name) {
+    std::vector<Halide::Var> x(size_t(f.dimensions()));
+    Halide::Func f32(name);
+    f32(x) = Halide::cast<float>(f(x));
+    return f32;
+}
+
 // An f32 value rounded to the nearest even bf16, NaN kept quiet, written as integer operations
 // (Halide 21 emulates an f32 -> bf16 cast the same way, with a warning per kernel).
 inline Halide::Expr rounded_to_bf16(const Halide::Expr &x) {

@@ -304,8 +304,16 @@ Result forward(const Problem &given) {
     const int64_t B = m.batch, Sq = m.query_len, Sk = m.key_len, E = m.embed_dim;
     const int64_t H = m.num_heads, d = m.head_dim();
     const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
-    const auto k = linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]);
-    const auto v = linear(to_double(p.value), B * Sk, p.in_features[2], p.weight[2], p.bias[2]);
+    // The projected keys and values as the cache holds them: rounded to f32, then to kv_dtype.
+    const auto as_cached = [&](const std::vector<double> &x) {
+        return p.kv_dtype == DType::f32
+                   ? x
+                   : to_double(rounded(std::vector<float>(x.begin(), x.end()), p.kv_dtype));
+    };
+    const auto k =
+        as_cached(linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]));
+    const auto v =
+        as_cached(linear(to_double(p.value), B * Sk, p.in_features[2], p.weight[2], p.bias[2]));
     // Each query head's key/value head: h / (H / kv_heads), repeated for the group.
     const auto per_query_head = [&](const std::vector<double> &x) {
         const int64_t Hkv = p.kv_heads, group = H / Hkv;
@@ -335,7 +343,8 @@ Result forward(const Problem &given) {
 }
 
 std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
-                                   int64_t count, const std::vector<bool> &hidden) {
+                                   int64_t count, const std::vector<bool> &hidden,
+                                   DType cache_dtype) {
     const int64_t E = module.dims.embed_dim, T = int64_t(sequence.size()) / E;
     Problem p = module;
     p.dims = {1, T, T, E, module.dims.num_heads};
@@ -347,6 +356,7 @@ std::vector<double> decode_outputs(const Problem &module, const std::vector<floa
     p.attn_mask.reset();
     p.average_weights = false;
     p.causal = Causal::top_left;
+    p.kv_dtype = cache_dtype;
     if (!hidden.empty()) {
         p.mask_convention = MaskConvention::keep;
         p.mask_shape = {1, 1, 1, T};

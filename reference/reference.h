@@ -46,6 +46,8 @@ struct Problem {
     // The library runs the problem in `dtype`: a module of that dtype, its tensors of that type
     // (the output f32); the reference reads the inputs, weights and biases rounded to it.
     DType dtype = DType::f32;
+    // The projected keys and values rounded to it, as a decode step's cache of it holds them.
+    DType kv_dtype = DType::f32;
 };
 
 // Output features of projection l (0 = q, 1 = k, 2 = v, 3 = out).
@@ -102,9 +104,10 @@ Result forward(const Problem &p);
 // What a decode step (MultiHeadAttention::decode) gives the last `count` tokens of one row whose
 // tokens so far, cached then new, are `sequence` [T, E]: forward() over the whole row with
 // `module`'s weights (its dims and masks ignored) in causal order, cache position j hidden where
-// `hidden[j]` (empty: none hidden). [count, E].
+// `hidden[j]` (empty: none hidden), keys and values rounded to `cache_dtype`. [count, E].
 std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
-                                   int64_t count, const std::vector<bool> &hidden = {});
+                                   int64_t count, const std::vector<bool> &hidden = {},
+                                   DType cache_dtype = DType::f32);
 
 std::vector<double> to_double(const std::vector<float> &x);
 

@@ -722,16 +722,34 @@ inline void schedule_decode(DecodeStages &f, const ScheduleParams &sp) {
     schedule_projection(v, f.out_proj, sp);
     f.out_proj.rows.compute_root().vectorize(v.e, vec, guard);
 
-    // Heads and batch rows are separate parallel loops (see schedule_forward).
+    // weights·V in register tiles of a row's features: a model head's whole (up to 8 vectors),
+    // other heads a vector at a time (the cache pads each key's values to whole vectors,
+    // contract::kCacheValueFeatures). A tile in memory would load and store its accumulators
+    // at every key. Heads and batch rows are separate parallel loops (see schedule_forward).
+    Var co("co"), ci("ci");
     Func context_tiles = f.context.result.in();
-    context_tiles.compute_root().reorder(v.c, v.i, v.h, v.b).vectorize(v.c, vec, guard);
-    fork_over_cores(context_tiles, v.h, sp, LoopWork::streaming);
-    fork_over_cores(context_tiles, v.b, sp, LoopWork::streaming);
-    f.context.result.compute_at(context_tiles, v.i).vectorize(v.c, vec, guard);
-    f.context.result.update().reorder(v.c, f.context.j.x).vectorize(v.c, vec, guard);
+    context_tiles.compute_root();
+    const auto tile = [&](Stage stage, int cols) {
+        stage.split(v.c, co, ci, cols, TailStrategy::RoundUp)
+            .reorder(ci, co, v.i, v.h, v.b)
+            .vectorize(ci, vec)
+            .unroll(ci);
+        fork_over_cores(stage, v.h, sp, LoopWork::streaming);
+        fork_over_cores(stage, v.b, sp, LoopWork::streaming);
+    };
+    for (int d : {32, 64, 128, 256}) {
+        tile(context_tiles.specialize(f.head_dim == d), std::min(d, 8 * vec));
+    }
+    tile(context_tiles, vec);
+    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i,
+                           {f.context.j.x}, vec);
     MaskedSoftmax &sm = f.softmax;
     sm.weights.compute_at(context_tiles, v.i).vectorize(v.j, vec, TailStrategy::RoundUp);
-    schedule_attention_tile(v, f.scores, sm, context_tiles, v.i, v.i, 1, sp);
+    // Q·Kᵀ of one row: enough keys in flight for independent accumulators, whatever the
+    // forward kernels' tiles (whose token bucket may take one vector), within a key tile.
+    ScheduleParams keys = sp;
+    keys.qk_vectors = std::min(8, contract::kCacheKeyTile / vec);
+    schedule_attention_tile(v, f.scores, sm, context_tiles, v.i, v.i, 1, keys);
 }
 
 // A pipeline output copied out of a whole-tile stage: the only place tails are guarded.

@@ -83,9 +83,10 @@ class Attention:
                             weights=weights, average_weights=average_attn_weights)
         return output, weights
 
-    def make_cache(self, batch: int, capacity: int) -> _mha.KvCache:
-        """A KV cache for `batch` rows of up to `capacity` tokens (self-attention, kdim = E)."""
-        return self.native.make_cache(batch, capacity)
+    def make_cache(self, batch: int, capacity: int, dtype: str | None = None) -> _mha.KvCache:
+        """A KV cache for `batch` rows of up to `capacity` tokens (self-attention, kdim = E),
+        its keys and values in `dtype` ("f32", "bf16" or "f16"; the module's by default)."""
+        return self.native.make_cache(batch, capacity, dtype)
 
     def decode(self, tokens, cache: _mha.KvCache, key_padding_mask=None, new_tokens=()):
         """One decode step: tokens ``[B, n, E]`` are appended to `cache`; returns their outputs.

@@ -302,10 +302,16 @@ class MultiheadAttention(torch.nn.Module):
             output = output.transpose(0, 1).contiguous()
         return output, weights if need_weights else None
 
-    def make_cache(self, batch: int, capacity: int) -> _mha.KvCache:
-        """A KV cache for decode(): `batch` rows of up to `capacity` tokens (kdim = vdim = E)."""
-        return _native(self._module_id, self.num_heads, self._weights()).make_cache(batch,
-                                                                                    capacity)
+    def make_cache(self, batch: int, capacity: int,
+                   dtype: Optional[torch.dtype] = None) -> _mha.KvCache:
+        """A KV cache for decode(): `batch` rows of up to `capacity` tokens (kdim = vdim = E),
+        its keys and values stored in `dtype` (float32, bfloat16 or float16; the module's
+        parameters' by default), rounded to it once as they are appended."""
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"a cache of {dtype}: it holds float32, bfloat16 or float16")
+        name = _DTYPES[dtype or self.out_proj.weight.dtype]
+        return _native(self._module_id, self.num_heads, self._weights()).make_cache(
+            batch, capacity, name)
 
     def decode(self, tokens: Tensor, cache: _mha.KvCache,
                key_padding_mask: Optional[Tensor] = None, new_tokens=()) -> Tensor:

@@ -9,6 +9,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "mha/mha.h"
+#include "mha_contract.h"
 
 namespace nb = nanobind;
 
@@ -58,12 +59,9 @@ using BitsArray = nb::ndarray<const int16_t, nb::c_contig, nb::device::cpu>;
 using MutableBitsArray = nb::ndarray<int16_t, nb::c_contig, nb::device::cpu>;
 
 mha::DType dtype_named(const std::string &name) {
-    if (name == "f32")
-        return mha::DType::f32;
-    if (name == "bf16")
-        return mha::DType::bf16;
-    if (name == "f16")
-        return mha::DType::f16;
+    if (const std::optional<mha::DType> dtype = mha::contract::dtype_named(name)) {
+        return *dtype;
+    }
     throw nb::type_error(("dtype " + name + " is none of f32, bf16, f16").c_str());
 }
 
@@ -214,6 +212,12 @@ NB_MODULE(_mha, m) {
                              "Projected keys and values of the tokens a decoder has seen.")
         .def_prop_ro("batch", &mha::KvCache::batch)
         .def_prop_ro("capacity", &mha::KvCache::capacity)
+        .def_prop_ro(
+            "dtype",
+            [](const mha::KvCache &self) {
+                return std::string(mha::contract::dtype_name(self.dtype()));
+            },
+            "What the keys and values are stored in: f32, bf16 or f16.")
         .def_prop_ro("lengths", &mha::KvCache::lengths, "Tokens cached in each batch row.")
         .def("reset", &mha::KvCache::reset, "Forget every row's tokens.")
         .def("truncate", &mha::KvCache::truncate, nb::arg("length"),
@@ -283,8 +287,16 @@ NB_MODULE(_mha, m) {
             nb::arg("attn_mask").none() = nb::none(), nb::arg("is_causal") = false,
             nb::arg("weights").none() = nb::none(), nb::arg("average_weights") = true,
             "forward() on bf16 or f16 arrays given as their bits; the weights in f32.")
-        .def("make_cache", &mha::MultiHeadAttention::make_cache, nb::arg("batch"),
-             nb::arg("capacity"))
+        .def(
+            "make_cache",
+            [](const mha::MultiHeadAttention &self, int64_t batch, int64_t capacity,
+               const std::optional<std::string> &dtype) {
+                return self.make_cache(batch, capacity,
+                                       dtype ? std::optional(dtype_named(*dtype)) : std::nullopt);
+            },
+            nb::arg("batch"), nb::arg("capacity"), nb::arg("dtype").none() = nb::none(),
+            "A cache of `batch` rows of up to `capacity` tokens, its keys and values in `dtype` "
+            "(f32, bf16, f16; the module's by default).")
         .def(
             "decode",
             [](const mha::MultiHeadAttention &self, const FloatArray &tokens, mha::KvCache &cache,

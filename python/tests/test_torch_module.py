@@ -5,8 +5,12 @@ import pickle
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mha
+
+# What the library calls each dtype.
+DTYPE_NAMES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 # (batch, query tokens, key tokens, embed_dim, heads): primes, 1, head_dim 1, non-multiples of
 # the vector width.
@@ -201,6 +205,35 @@ def test_decode_matches_causal_forward(seed):
                                rtol=1e-4)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_decode_with_a_sixteen_bit_cache(seed, cache_dtype):
+    """A float32 module's cache may hold its keys and values in 16 bits: the outputs are those
+    of keys and values rounded to that type. Weights on a grid of 2^-8 and tokens on one of 2^-6
+    (within [-1, 1]) make the projections exact in float32, so that both sides round the same
+    keys and values."""
+    module = mha.MultiheadAttention(40, 5, batch_first=True).eval()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_((p.clamp(-1, 1) * 256).round() / 256)
+    tokens = ((torch.rand(2, 7, 40) * 2 - 1) * 64).round() / 64
+    cache = module.make_cache(2, 9, dtype=cache_dtype)
+    assert cache.dtype == DTYPE_NAMES[cache_dtype]
+    assert module.make_cache(2, 9).dtype == "f32"
+    outputs = torch.cat([module.decode(tokens[:, :4], cache),
+                         *(module.decode(tokens[:, i:i + 1], cache) for i in range(4, 7))], 1)
+    with torch.no_grad():
+        q, k, v = F.linear(tokens, module.in_proj_weight, module.in_proj_bias).chunk(3, -1)
+        heads = [x.unflatten(-1, (5, 8)).transpose(1, 2) for x in (q, k, v)]
+        rounded = [heads[0]] + [x.to(cache_dtype).float() for x in heads[1:]]
+        context = F.scaled_dot_product_attention(*rounded, is_causal=True)
+        want = module.out_proj(context.transpose(1, 2).flatten(2))
+        unrounded, _ = module(tokens, tokens, tokens, is_causal=True, need_weights=False)
+    assert ((outputs - want).norm() / want.norm()).item() < 1e-5
+    assert ((outputs - unrounded).norm() / unrounded.norm()).item() > 1e-4
+    with pytest.raises(TypeError, match="it holds float32, bfloat16 or float16"):
+        module.make_cache(2, 9, dtype=torch.int8)
+
+
 def test_tuned_schedules_name_the_dispatched_isas_tuning():
     """Each linked instruction set says whose tuned parameters it runs here, and why."""
     schedules = {s["isa"]: s for s in mha.tuned_schedules()}
@@ -238,6 +271,9 @@ def test_sixteen_bit_modules_match_float32_on_the_rounded_values(seed, dtype):
     assert ((weights.float() - want_weights).norm() / want_weights.norm()).item() < 1e-2
     cache = ours.make_cache(2, 16)
     step = ours.decode(x[:, :4], cache)
-    assert step.dtype == dtype and cache.lengths == [4, 4]
+    assert step.dtype == dtype and cache.lengths == [4, 4] and cache.dtype == DTYPE_NAMES[dtype]
+    other = torch.float16 if dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(mha.Error, match=f"a {DTYPE_NAMES[other]} cache for a {DTYPE_NAMES[dtype]}"):
+        ours.make_cache(2, 16, dtype=other)
     with pytest.raises(TypeError, match="query is torch.float32"):
         ours(x.float(), x.float(), x.float())

@@ -67,6 +67,13 @@ inline void check_convention(const char *name, MaskConvention convention) {
     }
 }
 
+inline void check_dtype(const char *name, DType dtype) {
+    if (std::find(contract::kDTypes.begin(), contract::kDTypes.end(), dtype) ==
+        contract::kDTypes.end()) {
+        throw Error(fmt::format("{} {} is none of f32, bf16 and f16", name, int(dtype)));
+    }
+}
+
 // `expected`: any container of extents (an std::array allocates nothing).
 template <typename T, typename Shape>
 void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected) {

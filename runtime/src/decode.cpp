@@ -19,25 +19,31 @@ namespace mha {
 namespace detail {
 
 // A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
-// values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile.
+// values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile, each key's
+// values to one of kCacheValueFeatures; elements of `dtype`.
 struct KvCacheStorage {
     KvCacheStorage(std::shared_ptr<const PackedWeights> module, int64_t batch, int64_t capacity,
-                   int64_t heads, int64_t head_dim)
+                   int64_t heads, int64_t head_dim, DType dtype)
         : module(std::move(module)),
           batch(batch),
           capacity(capacity),
           padded_capacity(contract::round_up(capacity, contract::kCacheKeyTile)),
           heads(heads),
           head_dim(head_dim),
-          keys(batch * heads * head_dim * padded_capacity, 0.0f),
-          values(keys.size(), 0.0f),
+          value_features(contract::round_up(head_dim, contract::kCacheValueFeatures)),
+          dtype(dtype),
+          element_bytes(dtype == DType::f32 ? sizeof(float) : sizeof(uint16_t)),
+          keys(size_t(batch * heads * head_dim * padded_capacity) * element_bytes),
+          values(size_t(batch * heads * value_features * padded_capacity) * element_bytes),
           lengths(batch, 0),
           cached_lengths(batch),
           new_counts(batch) {}
 
     std::shared_ptr<const PackedWeights> module;  // the weights it was made for
-    int64_t batch, capacity, padded_capacity, heads, head_dim;
-    std::vector<float> keys, values;
+    int64_t batch, capacity, padded_capacity, heads, head_dim, value_features;
+    DType dtype;
+    size_t element_bytes;
+    std::vector<std::byte> keys, values;  // zeroed: whole key tiles read no garbage
     std::vector<int64_t> lengths;
     // A step's scratch: the new tokens' projections [B, n, P + 2 Pkv], grown to the largest n;
     // each row's cached and new token counts; the key-padding mask over the padded capacity.
@@ -60,6 +66,36 @@ const CompiledKernel &decode_kernel(const contract::KernelVariant &variant, int6
     return *kernel;
 }
 
+// The new tokens' keys and values, from their projections `qkv_rows` [B, n, width], written into
+// the cache rows after each row's cached tokens, rounded to the cache's T.
+template <typename T>
+void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n, int64_t width,
+                            int64_t key_offset, int64_t value_offset) {
+    T *keys = reinterpret_cast<T *>(c.keys.data());
+    T *values = reinterpret_cast<T *>(c.values.data());
+    const int64_t H = c.heads, d = c.head_dim, dv = c.value_features, cap = c.padded_capacity;
+    for (int64_t b = 0; b < c.batch; b++) {
+        for (int64_t t = 0; t < c.new_counts[b]; t++) {
+            const float *row = qkv_rows + (b * n + t) * width;
+            const int64_t j = c.lengths[b] + t;
+            for (int64_t h = 0; h < H; h++) {
+                for (int64_t f = 0; f < d; f++) {
+                    convert(row + key_offset + h * d + f, &keys[((b * H + h) * d + f) * cap + j],
+                            1);
+                }
+                convert(row + value_offset + h * d, &values[((b * H + h) * cap + j) * dv], d);
+            }
+        }
+    }
+}
+
+halide_type_t cache_element_type(DType dtype) {
+    contract::KernelVariant decode{contract::KernelOp::decode};
+    decode.cache = dtype;
+    return contract::halide_type(
+        contract::arg_type(contract::ArgId::key_cache, decode, Device::cpu));
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -70,6 +106,7 @@ KvCache &KvCache::operator=(KvCache &&) noexcept = default;
 
 int64_t KvCache::batch() const { return storage_->batch; }
 int64_t KvCache::capacity() const { return storage_->capacity; }
+DType KvCache::dtype() const { return storage_->dtype; }
 const std::vector<int64_t> &KvCache::lengths() const { return storage_->lengths; }
 void KvCache::reset() { truncate(0); }
 
@@ -82,7 +119,15 @@ void KvCache::truncate(int64_t length) {
     }
 }
 
-KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
+                                       std::optional<DType> dtype) const {
+    const DType cache_dtype = dtype.value_or(dtype_);
+    detail::check_dtype("dtype", cache_dtype);
+    if (dtype_ != DType::f32 && cache_dtype != dtype_ && cache_dtype != DType::f32) {
+        throw Error(fmt::format("a {} cache for a {} module: it holds {} or f32",
+                                contract::dtype_name(cache_dtype), contract::dtype_name(dtype_),
+                                contract::dtype_name(dtype_)));
+    }
     if (device_ != Device::cpu) {
         throw Error(fmt::format("decode steps run on the cpu; this module runs on the {}",
                                 contract::device_name(device_)));
@@ -100,15 +145,18 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity) const {
     const int64_t padded_capacity = capacity > kMaxBufferBytes
                                         ? capacity
                                         : contract::round_up(capacity, contract::kCacheKeyTile);
-    detail::check_kernel_buffer({batch, num_kv_heads(), head_dim(), padded_capacity}, sizeof(float),
-                                [&] {
-                                    return fmt::format(
-                                        "a cache of batch {} and capacity {} (its keys, [batch, "
-                                        "kv_heads, head_dim, capacity rounded up to {}])",
-                                        batch, capacity, contract::kCacheKeyTile);
-                                });
-    return KvCache(std::make_unique<detail::KvCacheStorage>(packed_, batch, capacity,
-                                                            num_kv_heads(), head_dim()));
+    // Its values, the larger buffer (keys [batch, kv_heads, head_dim, padded capacity]).
+    detail::check_kernel_buffer(
+        {batch, num_kv_heads(), padded_capacity,
+         contract::round_up(head_dim(), contract::kCacheValueFeatures)},
+        cache_dtype == DType::f32 ? sizeof(float) : sizeof(uint16_t), [&] {
+            return fmt::format(
+                "a cache of batch {} and capacity {} (its values, [batch, kv_heads, capacity "
+                "rounded up to {}, head_dim rounded up to {}])",
+                batch, capacity, contract::kCacheKeyTile, contract::kCacheValueFeatures);
+        });
+    return KvCache(std::make_unique<detail::KvCacheStorage>(
+        packed_, batch, capacity, num_kv_heads(), head_dim(), cache_dtype));
 }
 
 void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
@@ -221,37 +269,51 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
             values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
         }
     }
+    // The weights in the module's dtype (packed_->step_dtype).
+    values[size_t(ArgId::qkv_weight)] =
+        const_cast<halide_buffer_t *>(packed_->step_qkv_panels->raw_buffer());
+    values[size_t(ArgId::out_weight)] =
+        const_cast<halide_buffer_t *>(packed_->step_out_panels->raw_buffer());
     const contract::KernelVariant projection{contract::KernelOp::qkv_projection,
-                                             contract::MaskKind::none, false, true};
+                                             contract::MaskKind::none,
+                                             false,
+                                             true,
+                                             false,
+                                             packed_->step_dtype};
     detail::call_kernel(detail::decode_kernel(projection, B * n), context, values);
 
     // Their keys and values, appended to each row.
+    const int64_t key_offset = contract::qkv_block_offset(1, P, Pkv);
+    const int64_t value_offset = contract::qkv_block_offset(2, P, Pkv);
+    switch (c.dtype) {
+    case DType::f32:
+        detail::append_keys_and_values<float>(c, c.qkv_rows.data(), n, width, key_offset,
+                                              value_offset);
+        break;
+    case DType::bf16:
+        detail::append_keys_and_values<bfloat16>(c, c.qkv_rows.data(), n, width, key_offset,
+                                                 value_offset);
+        break;
+    case DType::f16:
+        detail::append_keys_and_values<float16>(c, c.qkv_rows.data(), n, width, key_offset,
+                                                value_offset);
+        break;
+    }
     const int64_t cap = c.padded_capacity;
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) {
-        for (int64_t t = 0; t < c.new_counts[b]; t++) {
-            const float *row = c.qkv_rows.data() + (b * n + t) * width;
-            const int64_t j = c.lengths[b] + t;
-            for (int64_t h = 0; h < H; h++) {
-                for (int64_t f = 0; f < d; f++) {
-                    const int64_t feature = h * d + f;
-                    c.keys[((b * H + h) * d + f) * cap + j] =
-                        row[contract::qkv_block_offset(1, P, Pkv) + feature];
-                    c.values[((b * H + h) * cap + j) * d + f] =
-                        row[contract::qkv_block_offset(2, P, Pkv) + feature];
-                }
-            }
-        }
         longest = std::max(longest, c.lengths[b] + c.new_counts[b]);
     }
 
     // Attention over the cache, read up to the longest row in whole key tiles.
     const int64_t keys = std::max<int64_t>(contract::kCacheKeyTile,
                                            contract::round_up(longest, contract::kCacheKeyTile));
-    detail::HostBuffer key_cache = detail::view_buffer(
-        c.keys.data(), halide_type_of<float>(), {B, H, d, keys}, {H * d * cap, d * cap, cap, 1});
-    detail::HostBuffer value_cache = detail::view_buffer(
-        c.values.data(), halide_type_of<float>(), {B, H, keys, d}, {H * cap * d, cap * d, d, 1});
+    const halide_type_t element = detail::cache_element_type(c.dtype);
+    detail::HostBuffer key_cache = detail::view_buffer(c.keys.data(), element, {B, H, d, keys},
+                                                       {H * d * cap, d * cap, cap, 1});
+    const int64_t dv = c.value_features;
+    detail::HostBuffer value_cache = detail::view_buffer(c.values.data(), element, {B, H, keys, dv},
+                                                         {H * cap * dv, cap * dv, dv, 1});
     detail::HostBuffer cached =
         detail::view_buffer(c.cached_lengths.data(), halide_type_of<int32_t>(), {B}, {1});
     detail::HostBuffer counts =
@@ -276,7 +338,14 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     }
     const contract::KernelVariant attention{
         contract::KernelOp::decode,
-        key_padding ? contract::MaskKind::bytes : contract::MaskKind::none, false, true};
+        key_padding ? contract::MaskKind::bytes : contract::MaskKind::none,
+        false,
+        true,
+        false,
+        packed_->step_dtype,
+        false,
+        false,
+        c.dtype};
     detail::call_kernel(detail::decode_kernel(attention, B * n), context, values);
     for (int64_t b = 0; b < B; b++) {
         c.lengths[b] += c.new_counts[b];

@@ -27,13 +27,6 @@ const char *const kProjectionNames[4] = {"q_proj", "k_proj", "v_proj", "out_proj
 const char *const kWeightsOnHost = "weights are read from host memory";
 const char *const kOnTheCpu = "the module runs on the cpu";
 
-void check_dtype(DType dtype) {
-    if (std::find(contract::kDTypes.begin(), contract::kDTypes.end(), dtype) ==
-        contract::kDTypes.end()) {
-        throw Error(fmt::format("dtype {} is none of f32, bf16 and f16", int(dtype)));
-    }
-}
-
 // A view of a tensor's memory as the f32 view the checks and buffers take: what it points to is
 // read as the kernel's element type.
 template <typename T>
@@ -52,7 +45,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
         contract::kDevices.end()) {
         throw Error(fmt::format("device {} is none of cpu, cuda and opencl", int(device)));
     }
-    check_dtype(dtype);
+    detail::check_dtype("dtype", dtype);
     if (embed_dim < 1) {
         throw Error(fmt::format("embed_dim {} must be >= 1", embed_dim));
     }
@@ -118,7 +111,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t embed_dim, int64_t num_heads, con
                               : detail::has_forward_kernels(*component, dtype);
     const DType kernel_dtype = own_kernels ? dtype : DType::f32;
     packed_ = std::make_shared<const detail::PackedWeights>(
-        E, num_heads, linears, device == Device::cpu ? nullptr : component, kernel_dtype);
+        E, num_heads, linears, device == Device::cpu ? nullptr : component, kernel_dtype, dtype);
 }
 
 namespace {

@@ -61,8 +61,8 @@ std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
 }  // namespace
 
 PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears[4],
-                             const KernelComponent *gpu, DType kernel_dtype)
-    : embed_dim(E), kernel_dtype(kernel_dtype) {
+                             const KernelComponent *gpu, DType kernel_dtype, DType step_dtype)
+    : embed_dim(E), kernel_dtype(kernel_dtype), step_dtype(step_dtype) {
     const int64_t d = E / num_heads;
     for (int p = 0; p < 4; p++) {
         in_features[p] = linears[p]->weight.shape[1];
@@ -121,16 +121,31 @@ PackedWeights::PackedWeights(int64_t E, int64_t num_heads, const Linear *linears
     }
     row(ArgId::out_bias, out_bias.data(), P);
 
+    // The f32 panels' values in `dtype`, for `op`'s kernels on `device`.
+    const auto narrow_panels = [&](DType dtype, contract::KernelOp op, Device device) {
+        const std::vector<uint16_t> &qkv = narrow_weights.emplace_back(bits_of(qkv_panels, dtype));
+        const std::vector<uint16_t> &out = narrow_weights.emplace_back(bits_of(out_panels, dtype));
+        contract::KernelVariant narrow{op};
+        narrow.dtype = dtype;
+        const halide_type_t type =
+            contract::halide_type(contract::arg_type(ArgId::out_weight, narrow, device));
+        return std::tuple{qkv.data(), out.data(), type};
+    };
+    if (gpu == nullptr && step_dtype == DType::f32) {
+        step_qkv_panels = buffers[size_t(ArgId::qkv_weight)];
+        step_out_panels = buffers[size_t(ArgId::out_weight)];
+    } else if (gpu == nullptr && stacked()) {
+        const auto [qkv, out, type] =
+            narrow_panels(step_dtype, contract::KernelOp::decode, Device::cpu);
+        std::array<std::optional<HostBuffer>, contract::kArgCount> step;
+        all_panels(step, qkv, out, type);
+        step_qkv_panels = step[size_t(ArgId::qkv_weight)];
+        step_out_panels = step[size_t(ArgId::out_weight)];
+    }
     if (kernel_dtype != DType::f32 && gpu != nullptr) {
-        const std::vector<uint16_t> &qkv =
-            narrow_weights.emplace_back(bits_of(qkv_panels, kernel_dtype));
-        const std::vector<uint16_t> &out =
-            narrow_weights.emplace_back(bits_of(out_panels, kernel_dtype));
-        contract::KernelVariant narrow;
-        narrow.dtype = kernel_dtype;
-        all_panels(
-            narrow_buffers, qkv.data(), out.data(),
-            contract::halide_type(contract::arg_type(ArgId::out_weight, narrow, gpu->device)));
+        const auto [qkv, out, type] =
+            narrow_panels(kernel_dtype, contract::KernelOp::forward, gpu->device);
+        all_panels(narrow_buffers, qkv, out, type);
     } else if (kernel_dtype == DType::bf16) {
         const auto tile_buffer = [&](ArgId id, const std::vector<uint16_t> &t) {
             const int64_t width = contract::kBf16TileWidth;

@@ -19,10 +19,12 @@ namespace mha::detail {
 struct PackedWeights {
     // Uploads to `gpu` when given. A module whose forward kernels read 16-bit weights
     // (`kernel_dtype`) packs them too: as bf16 tiles (contract::kBf16TileDepth) for the CPU's
-    // matrix engine, whose f32 panels then serve its decode steps; on a GPU as the panels' 16-bit
-    // bits, which the device then holds instead of the f32 panels.
+    // matrix engine; on a GPU as the panels' 16-bit bits, which the device then holds instead of
+    // the f32 panels. On the CPU, the fused QKV and output panels are also packed in
+    // `step_dtype`, which decode steps stream.
     PackedWeights(int64_t embed_dim, int64_t num_heads, const Linear *linears[4],
-                  const KernelComponent *gpu, DType kernel_dtype = DType::f32);
+                  const KernelComponent *gpu, DType kernel_dtype = DType::f32,
+                  DType step_dtype = DType::f32);
 
     // Whether the fused QKV kernels can run: q, k and v all take embed_dim input features.
     bool stacked() const { return in_features[1] == embed_dim && in_features[2] == embed_dim; }
@@ -48,6 +50,11 @@ struct PackedWeights {
     // qkv_weight, out_weight), empty for f32 kernels.
     std::deque<std::vector<uint16_t>> narrow_weights;  // growing, it moves none of them
     std::array<std::optional<HostBuffer>, contract::kArgCount> narrow_buffers;
+    // What a decode step's kernels read for qkv_weight and out_weight: the panels in step_dtype
+    // (16-bit ones hold the f32 panels' values, the module's weights rounded to it, in half the
+    // bytes); empty on a GPU and where the QKV projections are not stacked.
+    DType step_dtype;
+    std::optional<HostBuffer> step_qkv_panels, step_out_panels;
 };
 
 }  // namespace mha::detail

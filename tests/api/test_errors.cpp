@@ -224,8 +224,9 @@ TEST(SizeLimits, KvCache) {
     expect_error([&] { module.make_cache(int64_t(1) << 40, int64_t(1) << 40); },
                  "= over 2^63 bytes");
     expect_error([&] { module.make_cache(1, k2_31 / 8); },
-                 "a cache of batch 1 and capacity 268435456 (its keys, [batch, kv_heads, "
-                 "head_dim, capacity rounded up to 64]) is 1 x 2 x 4 x 268435456 x 4 bytes");
+                 "a cache of batch 1 and capacity 268435456 (its values, [batch, kv_heads, "
+                 "capacity rounded up to 64, head_dim rounded up to 16]) is 1 x 2 x 268435456 "
+                 "x 16 x 4 bytes");
 }
 
 }  // namespace limits

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "allocation_counter.h"
+#include "mha_contract.h"
 #include "problems.h"
 #include "scratch_pool.h"
 #include "test_seed.h"
@@ -17,6 +18,25 @@ using mha::reference::Dims;
 using mha::reference::Problem;
 
 constexpr double kTolerance = 1e-5;
+// With a 16-bit cache, against the reference that rounds its f64 keys and values: an f32 key
+// within f32 error of a 16-bit midpoint rounds the other way from its f64 value (at E = 512, up
+// to 2.2e-4 seen, where the rounding itself moves the outputs by 1e-3 to 2e-3). Exact
+// projections leave no such keys (DecodeCache).
+constexpr double kRoundedCacheTolerance = 5e-4;
+
+double tolerance(const mha::KvCache &cache) {
+    return cache.dtype() == mha::DType::f32 ? kTolerance : kRoundedCacheTolerance;
+}
+
+// The caches that modules of the suite's dtype hold: f32 and their own dtype (an f32 module's,
+// every dtype).
+std::vector<mha::DType> cache_dtypes() {
+    const mha::DType dtype = mha::problems::problem_dtype();
+    if (dtype == mha::DType::f32) {
+        return {mha::contract::kDTypes.begin(), mha::contract::kDTypes.end()};
+    }
+    return {mha::DType::f32, dtype};
+}
 
 std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
     std::mt19937_64 rng(seed);
@@ -31,14 +51,16 @@ std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
 // A batch of sequences decoded step by step, each step checked against the reference.
 class Decoder {
 public:
-    // kv_heads: key/value heads (0: as many as heads).
-    Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0)
+    // kv_heads: key/value heads (0: as many as heads); the cache in `cache_dtype` (none: the
+    // module's).
+    Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0,
+            std::optional<mha::DType> cache_dtype = std::nullopt)
         : E_(embed_dim),
           H_(heads),
           weights_(mha::problems::random_problem({1, 1, 1, embed_dim, heads},
                                                  mha::testing::next_seed(), false, 0, 0, kv_heads)),
           module_(mha::problems::make_module(weights_)),
-          cache_(module_.make_cache(batch, capacity)),
+          cache_(module_.make_cache(batch, capacity, cache_dtype)),
           sequences_(batch) {}
 
     const mha::MultiHeadAttention &module() const { return module_; }
@@ -96,10 +118,10 @@ private:
             }
         }
         const std::vector<double> last =
-            mha::reference::decode_outputs(weights_, sequences_[b], count, hidden);
+            mha::reference::decode_outputs(weights_, sequences_[b], count, hidden, cache_.dtype());
         const std::vector<float> got(output.begin() + b * n * E_,
                                      output.begin() + (b * n + count) * E_);
-        EXPECT_LT(mha::reference::relative_l2(got, last), kTolerance) << T << " tokens";
+        EXPECT_LT(mha::reference::relative_l2(got, last), tolerance(cache_)) << T << " tokens";
     }
 
     int64_t E_, H_;
@@ -126,11 +148,17 @@ const DecodeCase kDecodeCases[] = {
     {"multi_query", 16, 4, 75, {3, 66}, 1},
 };
 
-class DecodeSteps : public ::testing::TestWithParam<DecodeCase> {};
+// Each case with each cache its module holds.
+class DecodeSteps : public ::testing::TestWithParam<std::tuple<DecodeCase, mha::DType>> {
+protected:
+    const DecodeCase &c = std::get<0>(GetParam());
+    const mha::DType cache_dtype = std::get<1>(GetParam());
+};
 
 TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
-    const DecodeCase &c = GetParam();
-    Decoder decoder(int64_t(c.prompt.size()), c.embed_dim, c.heads, c.capacity, c.kv_heads);
+    Decoder decoder(int64_t(c.prompt.size()), c.embed_dim, c.heads, c.capacity, c.kv_heads,
+                    cache_dtype);
+    EXPECT_EQ(decoder.cache().dtype(), cache_dtype);
     decoder.step(c.prompt);  // a prompt chunk, rows of different lengths
     for (int step = 0; step < 4; step++) {
         decoder.step(std::vector<int64_t>(c.prompt.size(), 1));
@@ -139,9 +167,8 @@ TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
 }
 
 TEST_P(DecodeSteps, KeyPaddingHidesCachePositions) {
-    const DecodeCase &c = GetParam();
     const int64_t B = int64_t(c.prompt.size());
-    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads);
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads, cache_dtype);
     std::vector<uint8_t> keep(B * c.capacity);
     std::mt19937_64 rng(mha::testing::next_seed());
     for (uint8_t &k : keep) {
@@ -152,9 +179,8 @@ TEST_P(DecodeSteps, KeyPaddingHidesCachePositions) {
 }
 
 TEST_P(DecodeSteps, TruncateAndResetStartOver) {
-    const DecodeCase &c = GetParam();
     const int64_t B = int64_t(c.prompt.size());
-    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads);
+    Decoder decoder(B, c.embed_dim, c.heads, c.capacity, c.kv_heads, cache_dtype);
     decoder.step(c.prompt);
     decoder.step(std::vector<int64_t>(B, 1));
     decoder.truncate(1);
@@ -163,8 +189,13 @@ TEST_P(DecodeSteps, TruncateAndResetStartOver) {
     decoder.step(std::vector<int64_t>(B, 2));
 }
 
-INSTANTIATE_TEST_SUITE_P(Awkward, DecodeSteps, ::testing::ValuesIn(kDecodeCases),
-                         [](const auto &info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Awkward, DecodeSteps,
+    ::testing::Combine(::testing::ValuesIn(kDecodeCases), ::testing::ValuesIn(cache_dtypes())),
+    [](const auto &info) {
+        return std::string(std::get<0>(info.param).name) + "_" +
+               std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
+    });
 
 // A sequence decoded in one step, token by token, or in chunks gives the same outputs: a token
 // never sees the step's later tokens, even when the key padding hides every key it does see
@@ -190,10 +221,55 @@ TEST(DecodeChunks, SplittingIntoStepsChangesNothing) {
             outputs.insert(outputs.end(), out.begin(), out.end());
             done += n;
         }
-        EXPECT_LT(mha::reference::relative_l2(
-                      outputs, mha::reference::decode_outputs(weights, tokens, T, hidden)),
-                  kTolerance)
+        EXPECT_LT(
+            mha::reference::relative_l2(
+                outputs, mha::reference::decode_outputs(weights, tokens, T, hidden, cache.dtype())),
+            tolerance(cache))
             << steps.size() << " steps";
+    }
+}
+
+// x, within [-1, 1], on a grid of 2^-bits.
+void to_grid(std::vector<float> &x, int bits) {
+    for (float &v : x) {
+        v = std::ldexp(std::nearbyint(std::ldexp(v, bits)), -bits);
+    }
+}
+
+// A 16-bit cache holds each key and value rounded to its type once. With weights and biases on
+// a grid of 2^-8 (which a 16-bit module rounds again, as the reference does) and tokens on one
+// of 2^-6, the projections are exact in f32 (sums of 24 products on a 2^-14 grid, below 2^5),
+// so the kernels round exactly the keys and values the reference rounds: the outputs match it
+// to f32 arithmetic, and differ from those of an f32 cache by the rounding.
+TEST(DecodeCache, SixteenBitCachesHoldTheKeysAndValuesRounded) {
+    constexpr int64_t T = 9, E = 24;
+    Problem weights = mha::problems::random_problem({1, 1, 1, E, 4}, mha::testing::next_seed());
+    for (int l = 0; l < 4; l++) {
+        to_grid(weights.weight[l], 8);
+        to_grid(weights.bias[l], 8);
+    }
+    const auto module = mha::problems::make_module(weights);
+    std::vector<float> tokens = random_tokens(T, E, mha::testing::next_seed());
+    to_grid(tokens, 6);
+    for (mha::DType dtype : cache_dtypes()) {
+        if (dtype == mha::DType::f32) {
+            continue;
+        }
+        SCOPED_TRACE(mha::contract::dtype_name(dtype));
+        mha::KvCache cache = module.make_cache(1, T, dtype);
+        std::vector<float> outputs(T * E);
+        int64_t done = 0;
+        for (int64_t n : {5, 1, 1, 1, 1}) {
+            module.decode({tokens.data() + done * E, {1, n, E}}, cache,
+                          {outputs.data() + done * E, {1, n, E}});
+            done += n;
+        }
+        EXPECT_LT(mha::reference::relative_l2(
+                      outputs, mha::reference::decode_outputs(weights, tokens, T, {}, dtype)),
+                  kTolerance);
+        EXPECT_GT(mha::reference::relative_l2(
+                      outputs, mha::reference::decode_outputs(weights, tokens, T, {})),
+                  1e-4);
     }
 }
 
@@ -250,6 +326,20 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
         EXPECT_STREQ(
             e.what(),
             "decode steps are self-attention: kdim 7 and vdim 12 must be the embed_dim 12");
+    }
+    try {
+        decoder.module().make_cache(1, 4, mha::DType(9));
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "dtype 9 is none of f32, bf16 and f16");
+    }
+    Problem bf16 = mha::problems::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed());
+    bf16.dtype = mha::DType::bf16;
+    try {
+        mha::problems::make_module(bf16).make_cache(1, 4, mha::DType::f16);
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "a f16 cache for a bf16 module: it holds bf16 or f32");
     }
 }
 

@@ -23,7 +23,7 @@ int64_t product(const std::vector<int64_t> &shape) {
     return n;
 }
 
-DType problem_dtype = DType::f32;
+DType chosen_dtype = DType::f32;
 
 template <typename T>
 TensorView<const T> typed_view(const std::vector<uint16_t> &bits, const Tensor &like) {
@@ -33,7 +33,8 @@ TensorView<const T> typed_view(const std::vector<uint16_t> &bits, const Tensor &
 
 }  // namespace
 
-void set_problem_dtype(DType dtype) { problem_dtype = dtype; }
+void set_problem_dtype(DType dtype) { chosen_dtype = dtype; }
+DType problem_dtype() { return chosen_dtype; }
 
 ProblemTensors::ProblemTensors(const Problem &p) : p_(p) {
     if (p.dtype != DType::f32) {
@@ -69,7 +70,7 @@ Problem random_problem(const Dims &dims, uint64_t seed, bool self_attention, int
     Problem p;
     p.dims = dims;
     p.self_attention = self_attention;
-    p.dtype = problem_dtype;
+    p.dtype = chosen_dtype;
     const int64_t E = dims.embed_dim;
     p.in_features = {E, kdim > 0 ? kdim : E, vdim > 0 ? vdim : E, E};
     p.kv_heads = kv_heads > 0 ? kv_heads : dims.num_heads;

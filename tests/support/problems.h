@@ -20,6 +20,7 @@ using reference::TorchMask;
 // The dtype random_problem() gives its problems: f32 unless set (the tests run every forward
 // suite again in bf16 and in f16 this way, MHA_TEST_DTYPE).
 void set_problem_dtype(DType dtype);
+DType problem_dtype();
 
 // Fresh uniform(-1, 1) inputs and nn.Linear-like weights; self-attention passes one tensor as
 // query, key and value (Sq must equal Sk), which selects the fused QKV kernels.

@@ -137,8 +137,8 @@ struct WidenedLinears;
 
 // The keys and values of the tokens a decoder has seen, already projected and split into heads,
 // so that a decode step projects only its new tokens (MultiHeadAttention::decode). Made by a
-// module (make_cache) for `batch` rows of up to `capacity` tokens each, all allocated at once;
-// owned by the caller; used with that module only.
+// module (make_cache) for `batch` rows of up to `capacity` tokens each, all allocated at once,
+// in f32, bf16 or f16; owned by the caller; used with that module only.
 class KvCache {
 public:
     ~KvCache();
@@ -147,6 +147,8 @@ public:
 
     int64_t batch() const;
     int64_t capacity() const;
+    // What the keys and values are stored in.
+    DType dtype() const;
     // Tokens cached in each batch row.
     const std::vector<int64_t> &lengths() const;
     // Forgets every row's tokens; or all but the first `length` of each row.
@@ -230,8 +232,12 @@ public:
                  const MutableTensor &output, const ForwardOptions &options = {}) const;
 
     // A cache for decode steps of this (CPU) module, whose kdim and vdim are E: `batch` rows of
-    // up to `capacity` tokens.
-    KvCache make_cache(int64_t batch, int64_t capacity) const;
+    // up to `capacity` tokens, whose keys and values are stored in `dtype`: the module's (when
+    // none is given) or f32, or for an f32 module any. Each key and value is rounded to it once,
+    // as it is appended, and read widened to f32. A 16-bit cache halves the bytes a step reads,
+    // as a 16-bit module's steps read its weights in 16 bits.
+    KvCache make_cache(int64_t batch, int64_t capacity,
+                       std::optional<DType> dtype = std::nullopt) const;
 
     // One decode step of self-attention (query = key = value). `tokens` [B, n, E] are appended
     // to `cache`: row b appends the first new_tokens[b] of its n (all n when `new_tokens` is

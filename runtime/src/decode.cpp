@@ -18,6 +18,11 @@
 namespace mha {
 namespace detail {
 
+// The bytes of one key or value in a cache of `dtype`.
+inline int64_t element_bytes(DType dtype) {
+    return contract::halide_type(contract::element_type(dtype)).bytes();
+}
+
 // A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
 // values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile, each key's
 // values to one of kCacheValueFeatures; elements of `dtype`.
@@ -32,9 +37,8 @@ struct KvCacheStorage {
           head_dim(head_dim),
           value_features(contract::round_up(head_dim, contract::kCacheValueFeatures)),
           dtype(dtype),
-          element_bytes(dtype == DType::f32 ? sizeof(float) : sizeof(uint16_t)),
-          keys(size_t(batch * heads * head_dim * padded_capacity) * element_bytes),
-          values(size_t(batch * heads * value_features * padded_capacity) * element_bytes),
+          keys(size_t(batch * heads * head_dim * padded_capacity * element_bytes(dtype))),
+          values(size_t(batch * heads * value_features * padded_capacity * element_bytes(dtype))),
           lengths(batch, 0),
           cached_lengths(batch),
           new_counts(batch) {}
@@ -42,7 +46,6 @@ struct KvCacheStorage {
     std::shared_ptr<const PackedWeights> module;  // the weights it was made for
     int64_t batch, capacity, padded_capacity, heads, head_dim, value_features;
     DType dtype;
-    size_t element_bytes;
     std::vector<std::byte> keys, values;  // zeroed: whole key tiles read no garbage
     std::vector<int64_t> lengths;
     // A step's scratch: the new tokens' projections [B, n, P + 2 Pkv], grown to the largest n;
@@ -87,13 +90,6 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
             }
         }
     }
-}
-
-halide_type_t cache_element_type(DType dtype) {
-    contract::KernelVariant decode{contract::KernelOp::decode};
-    decode.cache = dtype;
-    return contract::halide_type(
-        contract::arg_type(contract::ArgId::key_cache, decode, Device::cpu));
 }
 
 }  // namespace
@@ -149,7 +145,7 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
     detail::check_kernel_buffer(
         {batch, num_kv_heads(), padded_capacity,
          contract::round_up(head_dim(), contract::kCacheValueFeatures)},
-        cache_dtype == DType::f32 ? sizeof(float) : sizeof(uint16_t), [&] {
+        detail::element_bytes(cache_dtype), [&] {
             return fmt::format(
                 "a cache of batch {} and capacity {} (its values, [batch, kv_heads, capacity "
                 "rounded up to {}, head_dim rounded up to {}])",
@@ -308,7 +304,7 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     // Attention over the cache, read up to the longest row in whole key tiles.
     const int64_t keys = std::max<int64_t>(contract::kCacheKeyTile,
                                            contract::round_up(longest, contract::kCacheKeyTile));
-    const halide_type_t element = detail::cache_element_type(c.dtype);
+    const halide_type_t element = contract::halide_type(contract::element_type(c.dtype));
     detail::HostBuffer key_cache = detail::view_buffer(c.keys.data(), element, {B, H, d, keys},
                                                        {H * d * cap, d * cap, cap, 1});
     const int64_t dv = c.value_features;

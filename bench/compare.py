@@ -34,7 +34,8 @@ STAGE = re.compile(r"^stage/(?P<stage>\w+)/(?P<shape>\w+)/threads:(?P<t>\d+)")
 SGEMM = re.compile(r"^sgemm2048/threads:(?P<t>\d+)")
 STREAM = re.compile(r"^stream_read/MB:(?P<mb>\d+)/threads:(?P<t>\d+)")
 BF16_DOT = re.compile(r"^bf16dot/threads:(?P<t>\d+)")  # 2^24 vdpbf16ps of 64 FLOPs per thread
-DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)/threads:(?P<t>\d+)")
+DECODE = re.compile(r"^decode/B(?P<B>\d+)_N(?P<N>\d+)_E(?P<E>\d+)_H(?P<H>\d+)(_KV(?P<kv>\d+))?"
+                    r"/threads:(?P<t>\d+)")
 GQA = re.compile(r"^gqa/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
                  r"_kv(?P<kv>\d+)/threads:(?P<t>\d+)")
 DTYPE = re.compile(r"^dtype/B(?P<B>\d+)_Sq(?P<Sq>\d+)_Sk(?P<Sk>\d+)_E(?P<E>\d+)_H(?P<H>\d+)"
@@ -100,7 +101,8 @@ def forward_dims(m):
 
 
 def decode_shape(m):
-    return tuple(int(m[k]) for k in ("B", "N", "E", "H"))
+    """(B, N, E, H, key/value heads)."""
+    return tuple(int(m[k]) for k in ("B", "N", "E", "H")) + (int(m["kv"] or m["H"]),)
 
 
 def one_round(args, groups, env, label):
@@ -140,11 +142,15 @@ def one_round(args, groups, env, label):
                                                                              args.min_time)
             elif decode:
                 shape, t = decode_shape(decode), int(decode["t"])
-                times[("torch decode", shape, t)] = torch_peer.measure_decode(*shape, t,
+                *dims, kv_heads = shape
+                times[("torch decode", shape, t)] = torch_peer.measure_decode(
+                    *dims, t, args.min_time, kv_heads=kv_heads)
+                # ONNX Runtime's MultiHeadAttention and our Python module have no grouped heads.
+                if kv_heads == dims[3]:
+                    times[("ort decode", shape, t)] = ort_peer.measure_decode(*dims, t,
                                                                               args.min_time)
-                times[("ort decode", shape, t)] = ort_peer.measure_decode(*shape, t, args.min_time)
-                times[("python decode", shape, t)] = python_peer.measure_decode(*shape, t,
-                                                                                args.min_time)
+                    times[("python decode", shape, t)] = python_peer.measure_decode(
+                        *dims, t, args.min_time)
     times.update({("cpp", name): ms for name, (ms, _, _) in cpp.items()})
     for t in sorted({int(m["t"]) for m in map(NAME.match, cpp) if m}):
         times[("torch overhead", t)] = torch_peer.call_overhead_ms(t)
@@ -198,8 +204,8 @@ def main():
             shape, t = decode_shape(m), int(m["t"])
             decode[(shape, t)] = {"ours": t_ms, "bytes": cpp[name][2]["bytes"],
                                   "torch": ms[("torch decode", shape, t)],
-                                  "ort": ms[("ort decode", shape, t)],
-                                  "python": ms[("python decode", shape, t)]}
+                                  "ort": ms.get(("ort decode", shape, t)),
+                                  "python": ms.get(("python decode", shape, t))}
     overhead = {t: (ms[("torch overhead", t)], ms[("ort overhead", t)], ms[("python overhead", t)])
                 for t in sorted({t for (_, _, t) in rows})}
 
@@ -248,17 +254,24 @@ def main():
         emit("Decode steps (one new token per batch row against a KV cache of N tokens); floor = "
              "bytes read (weights + cache) / the same run's streaming read:")
         emit("")
-        emit("| B, N, E, H | threads | ours ms | floor ms | × floor | PyTorch ms | ONNX Runtime ms "
-             "| × PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
+        emit("| B, N, E, H, KV heads | threads | ours ms | floor ms | × floor | PyTorch ms "
+             "| ONNX Runtime ms | × PyTorch | × ONNX Runtime | × faster peer | ours from Python ms "
              "| × faster peer, from Python |")
         emit("|" + "---|" * 12)
+
+        def cell(value):
+            return f"{value:.3f}" if value else "–"
+
+        def ratio(peer, ours):
+            return f"{peer / ours:.2f}" if peer and ours else "–"
         for (shape, t), r in sorted(decode.items(), key=lambda kv: (kv[0][0][2], kv[0][0][1], kv[0][1])):
             floor = r["bytes"] / (stream[t] * 1e6)
-            faster = min(r["torch"], r["ort"])
+            faster = min(x for x in (r["torch"], r["ort"]) if x)
             emit(f"| {', '.join(map(str, shape))} | {t} | {r['ours']:.3f} | {floor:.3f} "
-                 f"| {r['ours'] / floor:.2f} | {r['torch']:.3f} | {r['ort']:.3f} "
-                 f"| {r['torch'] / r['ours']:.2f} | {r['ort'] / r['ours']:.2f} "
-                 f"| {faster / r['ours']:.2f} | {r['python']:.3f} | {faster / r['python']:.2f} |")
+                 f"| {r['ours'] / floor:.2f} | {r['torch']:.3f} | {cell(r['ort'])} "
+                 f"| {r['torch'] / r['ours']:.2f} | {ratio(r['ort'], r['ours'])} "
+                 f"| {faster / r['ours']:.2f} | {cell(r['python'])} "
+                 f"| {ratio(faster, r['python'])} |")
     causal = {}
     for name, t_ms in cpp_ms.items():
         m = CAUSAL.match(name)

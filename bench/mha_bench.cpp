@@ -6,7 +6,7 @@
 // Names: sgemm2048/threads:T, fma/threads:T, bf16dot/threads:T and f16widened/threads:T (the
 // peaks of f32 FMAs, vdpbf16ps and f16 products widened into f32, where the CPU has them),
 // stream_read/MB:256/threads:T, <system>/<shape>/weights:W/threads:T
-// with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>/threads:T,
+// with system halide | blas, decode/B<b>_N<cached>_E<e>_H<h>[_KV<kv>]/threads:T,
 // dtype/<shape>/dtype:<f32 | bf16 | f16>/threads:T and stage/<stage>/<shape>/threads:T. Counters:
 // GFLOP/s and pct_sgemm (percent of the same run's sgemm at the same thread count); for decode
 // steps and the streaming read, bytes and GB/s.
@@ -160,7 +160,8 @@ void stream_read_rate(benchmark::State &state, size_t megabytes, int threads) {
 void halide_decode(benchmark::State &state, mha::bench::DecodeShape d, int threads) {
     set_threads(threads);
     const int64_t B = d.batch, N = d.cached, E = d.embed_dim;
-    const Problem p = mha::problems::random_problem({B, 1, N, E, d.num_heads}, 1);
+    const Problem p =
+        mha::problems::random_problem({B, 1, N, E, d.num_heads}, 1, false, 0, 0, d.kv_heads);
     const auto module = mha::problems::make_module(p);
     mha::KvCache cache = module.make_cache(B, N + 1);
     std::vector<float> prompt_output(B * N * E), token(p.query), output(B * E);
@@ -340,10 +341,12 @@ void register_all(const std::vector<int> &thread_counts) {
                                      stream_read_rate, 256, threads)
             ->Unit(benchmark::kMillisecond);
         for (const mha::bench::DecodeShape &d : mha::bench::kDecodeSweep) {
-            benchmark::RegisterBenchmark(fmt::format("decode/B{}_N{}_E{}_H{}/threads:{}", d.batch,
-                                                     d.cached, d.embed_dim, d.num_heads, threads)
-                                             .c_str(),
-                                         halide_decode, d, threads)
+            const std::string kv = d.kv_heads ? fmt::format("_KV{}", d.kv_heads) : "";
+            benchmark::RegisterBenchmark(
+                fmt::format("decode/B{}_N{}_E{}_H{}{}/threads:{}", d.batch, d.cached, d.embed_dim,
+                            d.num_heads, kv, threads)
+                    .c_str(),
+                halide_decode, d, threads)
                 ->Unit(benchmark::kMillisecond);
         }
     }

@@ -36,7 +36,8 @@ def panels(axes, rows, names, labels, title):
         series(ratio_axis, [row[key] / row[ours_key] if row.get(key) else None for row in rows],
                "o-", f"{names[key]} / ours (C++)")
     fastest = [min(row[key] for key in peers if row.get(key) and key != "blas") for row in rows]
-    series(ratio_axis, [f / row["python"] for f, row in zip(fastest, rows)], "s--k",
+    series(ratio_axis, [f / row["python"] if row.get("python") else None
+                        for f, row in zip(fastest, rows)], "s--k",
            "fastest Python peer / ours (Python)")
     ratio_axis.axhline(1.0, color="gray", linewidth=0.8)
     time_axis.set_yscale("log")
@@ -52,7 +53,7 @@ def panels(axes, rows, names, labels, title):
 
 def comparison(rows, decode, subtitle, path):
     """rows: {((B, Sq, Sk, E, H), weights, threads): {system: ms}}; decode:
-    {((B, N, E, H), threads): {system: ms}}."""
+    {((B, N, E, H, KV heads), threads): {system: ms}}."""
     sections = [(sorted(rows.items(), key=lambda kv: (kv[0][0][3], kv[0][0][1] * kv[0][0][2],
                                                       kv[0])), FORWARD,
                  lambda k: f"{','.join(map(str, k[0]))}{' w' if k[1] else ''} t{k[2]}",
@@ -60,7 +61,7 @@ def comparison(rows, decode, subtitle, path):
     if decode:
         sections.append((sorted(decode.items()), DECODE,
                          lambda k: f"{','.join(map(str, k[0]))} t{k[1]}",
-                         "Decode step (B,N cached,E,H; t: threads)"))
+                         "Decode step (B,N cached,E,H,KV heads; t: threads)"))
     figure, axes = plt.subplots(len(sections), 2, figsize=(16, 5.5 * len(sections)),
                                 squeeze=False)
     for row_axes, (items, names, label, title) in zip(axes, sections):

@@ -25,23 +25,27 @@ inline constexpr std::array kBenchmarkSweep = {
     ProblemShape{1, 2048, 2048, 512, 8}, ProblemShape{1, 64, 2048, 512, 8},
     ProblemShape{1, 1, 4096, 512, 8},
 };
-// A decode step: `batch` rows, each appending one token to a KV cache that holds `cached`.
+// A decode step: `batch` rows, each appending one token to a KV cache that holds `cached`;
+// `kv_heads` key/value heads (0: num_heads).
 struct DecodeShape {
-    int64_t batch, cached, embed_dim, num_heads;
+    int64_t batch, cached, embed_dim, num_heads, kv_heads = 0;
 
+    constexpr int64_t key_value_heads() const { return kv_heads == 0 ? num_heads : kv_heads; }
     // What a step must read at least: the four projections' weights and every cached key and
     // value (the new token's own projections and outputs are negligible).
     constexpr double bytes_read() const {
-        return 4.0 * (4 * embed_dim * embed_dim + 2 * batch * (cached + 1) * embed_dim);
+        const int64_t kv_features = key_value_heads() * (embed_dim / num_heads);
+        return 4.0 *
+               (2 * embed_dim * (embed_dim + kv_features) + 2 * batch * (cached + 1) * kv_features);
     }
 };
 // Decode steps against 128, 1024 and 4096 cached tokens (E = 512, H = 8) and 2048 (E = 768,
-// H = 12): the CPU benchmarks time them.
+// H = 12), and grouped-query steps of LLM shapes (d = 128, 4 and 2 key/value heads; one row and
+// a batch of 4): the CPU benchmarks time them.
 inline constexpr std::array kDecodeSweep = {
-    DecodeShape{1, 128, 512, 8},
-    DecodeShape{1, 1024, 512, 8},
-    DecodeShape{1, 4096, 512, 8},
-    DecodeShape{1, 2048, 768, 12},
+    DecodeShape{1, 128, 512, 8},       DecodeShape{1, 1024, 512, 8},
+    DecodeShape{1, 4096, 512, 8},      DecodeShape{1, 2048, 768, 12},
+    DecodeShape{1, 4096, 2048, 16, 4}, DecodeShape{4, 2048, 1024, 8, 2},
 };
 
 // Causal self-attention, timed three ways (implicit causal, an explicit [Sq, Sk] mask, no mask)

@@ -132,25 +132,33 @@ def measure_gqa(dims, kv_heads, threads, min_time_s=0.3):
         return median_ms(gqa, min_time_s)
 
 
-def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32):
+def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32,
+                   kv_heads=None):
     """Median milliseconds of one PyTorch decode step: the new token's fused QKV projection
     (F.linear), its key and value written in place into a preallocated cache, SDPA over the
-    filled part, the output projection; weights, token and cache in `dtype`."""
+    filled part (enable_gqa with fewer key/value heads), the output projection; weights, token
+    and cache in `dtype`."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    d = E // H
-    mha = torch.nn.MultiheadAttention(E, H, batch_first=True).eval().to(dtype)
-    w_in, b_in = mha.in_proj_weight.detach(), mha.in_proj_bias.detach()
-    wo, bo = mha.out_proj.weight.detach(), mha.out_proj.bias.detach()
-    k_cache = torch.rand(batch, H, cached + 1, d, dtype=dtype)
-    v_cache = torch.rand(batch, H, cached + 1, d, dtype=dtype)
+    d, kv_heads = E // H, kv_heads or H
+    kv = kv_heads * d
+    w_in = ((torch.rand(E + 2 * kv, E) * 2 - 1) / E**0.5).to(dtype)
+    b_in = torch.zeros(E + 2 * kv, dtype=dtype)
+    wo = ((torch.rand(E, E) * 2 - 1) / E**0.5).to(dtype)
+    bo = torch.zeros(E, dtype=dtype)
+    k_cache = torch.rand(batch, kv_heads, cached + 1, d, dtype=dtype)
+    v_cache = torch.rand(batch, kv_heads, cached + 1, d, dtype=dtype)
     token = (torch.rand(batch, 1, E) * 2 - 1).to(dtype)
 
     def step():
-        q, k, v = F.linear(token, w_in, b_in).view(batch, 1, 3, H, d).permute(2, 0, 3, 1, 4)
+        qkv = F.linear(token, w_in, b_in)
+        q = qkv[..., :E].view(batch, 1, H, d).transpose(1, 2)
+        k = qkv[..., E:E + kv].view(batch, 1, kv_heads, d).transpose(1, 2)
+        v = qkv[..., E + kv:].view(batch, 1, kv_heads, d).transpose(1, 2)
         k_cache[:, :, cached:cached + 1] = k
         v_cache[:, :, cached:cached + 1] = v
-        context = F.scaled_dot_product_attention(q, k_cache, v_cache)
+        context = F.scaled_dot_product_attention(q, k_cache, v_cache,
+                                                 enable_gqa=kv_heads != H)
         return F.linear(context.transpose(1, 2).reshape(batch, 1, E), wo, bo)
 
     with torch.inference_mode():

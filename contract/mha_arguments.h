@@ -53,6 +53,7 @@ enum class ArgId {
     value_cache,
     cached_lengths,
     new_counts,
+    split_keys,
     cache_mask,
     output,
     weights,
@@ -118,6 +119,9 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
      "(b): tokens cached before this step"},
     {ArgId::new_counts, "new_counts", ArgKind::input_buffer, ElementType::i32, 1,
      "(b): new tokens of each row (the rest are padding)"},
+    {ArgId::split_keys, "split_keys", ArgKind::input_scalar, ElementType::i32, 0,
+     "keys per task of a key/value head, a multiple of kCacheKeyTile: the cache split among "
+     "tasks, their results merged by log-sum-exp"},
     {ArgId::cache_mask, "cache_mask", ArgKind::input_buffer, ElementType::u8, 2,
      "(j, b): key padding over the cache"},
     {ArgId::output, "output", ArgKind::output_buffer, ElementType::f32, 3, "(e, sq, b)"},
@@ -247,7 +251,7 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
     if (v.op == KernelOp::decode) {
         for (ArgId id : {ArgId::new_qkv, ArgId::head_dim, ArgId::kv_heads, ArgId::key_cache,
                          ArgId::value_cache, ArgId::cached_lengths, ArgId::new_counts,
-                         ArgId::out_weight, ArgId::out_bias}) {
+                         ArgId::split_keys, ArgId::out_weight, ArgId::out_bias}) {
             list.push(id);
         }
         if (v.mask == MaskKind::bytes) {

@@ -16,9 +16,10 @@ struct CoreInputs {
     Halide::Expr head_dim, query_len, num_keys;
     Halide::Expr kv_heads, kv_group;  // query head h reads key/value head h / kv_group
     Halide::Expr scale;               // of q·kᵀ; undefined: 1 / sqrt(head_dim)
-    // The masks, the visible keys and the scores' modifications (ScoreMasks); a causal order or
-    // a window is given by first_visible and visible_keys as functions of the query (undefined:
-    // every key), key_block and query_block the blocks their reductions run over (CausalBlocks).
+    // The masks, the visible keys and the scores' modifications (ScoreMasks); a causal order, a
+    // window or a task's share of the keys is given by first_visible and visible_keys as
+    // functions of (query, head, batch row) (undefined: every key), key_block and query_block
+    // the blocks their reductions run over (CausalBlocks).
     ScoreMasks masks;
     Halide::Func first_visible, visible_keys;
     int query_block = 1;
@@ -58,11 +59,11 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
     CausalBlocks blocks{in.visible_keys, in.first_visible, masks.key_block, in.query_block};
     Halide::Expr first, end;
     if (in.visible_keys.defined()) {
-        end = in.visible_keys(v.i);
+        end = in.visible_keys(v.i, v.h, v.b);
         masks.visible_keys = end;
     }
     if (in.first_visible.defined()) {
-        first = in.first_visible(v.i);
+        first = in.first_visible(v.i, v.h, v.b);
         masks.first_visible = first;
         core.windowed = true;
     }

@@ -132,7 +132,8 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     core.masks.key_block = in.causal_key_block;
     if (in.causal_offset.defined()) {
         core.visible_keys = Func("visible_keys");
-        core.visible_keys(v.i) = Halide::clamp(v.i + in.causal_offset + 1, 0, in.num_keys);
+        core.visible_keys(v.i, v.h, v.b) =
+            Halide::clamp(v.i + in.causal_offset + 1, 0, in.num_keys);
     }
     core.query_block = in.causal_query_block;
     core.weights_are_output = in.weights_are_output;

@@ -343,6 +343,8 @@ public:
         in.value_cache = mha::as_f32(args_.input(ArgId::value_cache), "value_cache_f32");
         in.cached_lengths = args_.input(ArgId::cached_lengths);
         in.new_counts = args_.input(ArgId::new_counts);
+        in.split_keys = args_.scalar(ArgId::split_keys);
+        in.key_block = get_target().natural_vector_size<float>();
         if (mask_kind == mha::contract::MaskKind::bytes) {
             in.cache_mask = args_.input(ArgId::cache_mask);
             in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
@@ -528,9 +530,11 @@ public:
         const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
         if (window) {
             in.first_visible = Func("first_visible");
-            in.first_visible(v.i) = clamp(position + args_.scalar(ArgId::window_start), 0, Sk);
+            in.first_visible(v.i, v.h, v.b) =
+                clamp(position + args_.scalar(ArgId::window_start), 0, Sk);
             in.visible_keys = Func("visible_keys");
-            in.visible_keys(v.i) = clamp(position + args_.scalar(ArgId::window_end) + 1, 0, Sk);
+            in.visible_keys(v.i, v.h, v.b) =
+                clamp(position + args_.scalar(ArgId::window_end) + 1, 0, Sk);
             in.masks.key_block = get_target().natural_vector_size<float>();
             in.query_block = single_query ? 1 : params.pv_rows;
         }

@@ -379,10 +379,10 @@ enum class BlockedKeys { score_minus_1e9, left_out };
 // added to the scores (the TF article's mask·(-1e9) precomputed, PyTorch's float masks).
 // Broadcasting is done by the caller's zero strides.
 // `first_visible` and `visible_keys` (undefined: from the first key; to the last), expressions
-// of the query position v.i, limit query i to keys first_visible <= j < visible_keys: the causal
-// order, a sliding window. The softmax's and weights·V's reductions run there only (their reads
-// clamped to the visible keys, so that bounds inference never asks for the scores of hidden
-// keys), and hidden keys weigh exactly 0; a query that sees no key gets weights 0 and a zero
+// of the query row v.i (and of v.h, v.b), limit query i to keys first_visible <= j < visible_keys:
+// the causal order, a sliding window. The softmax's and weights·V's reductions run there only
+// (their reads clamped to the visible keys, so that bounds inference never asks for the scores of
+// hidden keys), and hidden keys weigh exactly 0; a query that sees no key gets weights 0 and a zero
 // context. The row reductions then run over blocks of `key_block` keys, the blocks outside the
 // visible ones skipped whole: a schedule vectorizes across a block (rfactor) while the loop over
 // blocks still starts and stops where the row does.
@@ -554,12 +554,12 @@ struct AttendValues {
 // Causal attention in blocks: with `visible_keys` (defined: keys j < visible_keys(i) only, see
 // ScoreMasks), the rows of each block of `query_block` queries run over the blocks of
 // `key_block` keys up to the block's last row's last visible key, one bound for the whole row
-// block (visibility grows with i), which a schedule with tiles of whole row blocks turns into a
-// loop bound. `weights` must be 0 for every hidden key up to a whole key block past the last
-// visible one.
+// block (visibility grows with i; the first visible key is the same for the block), which a
+// schedule with tiles of whole row blocks turns into a loop bound. `weights` must be 0 for every
+// hidden key up to a whole key block past the last visible one.
 struct CausalBlocks {
-    Halide::Func visible_keys;   // (i), or undefined: not causal
-    Halide::Func first_visible;  // (i), or undefined: from the first key
+    Halide::Func visible_keys;   // (i, h, b), or undefined: not causal
+    Halide::Func first_visible;  // (i, h, b), or undefined: from the first key
     int key_block = 1, query_block = 1;
 };
 // With `paired`, as dot products over pairs of keys in bf16 accumulated in f32 (AVX512_BF16's
@@ -578,14 +578,15 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
     if (causal.visible_keys.defined()) {
         const int kb = causal.key_block, qb = causal.query_block;
         a.j = Halide::RDom({{0, (num_keys + kb - 1) / kb}, {0, kb}}, "values_j");
-        const Halide::Expr blocks = (causal.visible_keys(v.i / qb * qb + qb - 1) + kb - 1) / kb;
+        const Halide::Expr blocks =
+            (causal.visible_keys(v.i / qb * qb + qb - 1, v.h, v.b) + kb - 1) / kb;
         a.j.where(a.j.x < blocks);
         // Promised to lie in the visible blocks, as the predicates ensure: bounds inference then
         // asks for no weight outside them, and the key stays a plain index (a clamp would be
         // recomputed for every key of the register tile; see masked_softmax).
         Halide::Expr first_key = 0;
         if (causal.first_visible.defined()) {
-            const Halide::Expr first_block = causal.first_visible(v.i / qb * qb) / kb;
+            const Halide::Expr first_block = causal.first_visible(v.i / qb * qb, v.h, v.b) / kb;
             a.j.where(a.j.x >= first_block);
             first_key = first_block * kb;
         }

@@ -14,7 +14,8 @@
 namespace mha::cpu {
 
 struct ScheduleParams {
-    int vector_lanes = 8;  // the instruction set's, not tunable
+    int vector_lanes = 8;       // the instruction set's, not tunable
+    int vector_registers = 16;  // the same
     // How its bf16 kernels' tile products run (the instruction set's, not tunable).
     contract::Bf16Products bf16_products = contract::Bf16Products::none;
     // Projections: register tile of proj_vectors x proj_rows accumulators.
@@ -62,6 +63,7 @@ struct ScheduleParams {
     static ScheduleParams defaults(const contract::CpuIsa &isa) {
         ScheduleParams p;
         p.vector_lanes = isa.f32_lanes;
+        p.vector_registers = isa.vector_registers;
         p.bf16_products = isa.bf16_products;
         if (isa.vector_registers >= 32) {  // room for taller register tiles
             p.proj_rows = 12;

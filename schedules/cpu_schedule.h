@@ -709,47 +709,83 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
                        f.num_keys, f.mask_keys_dense, weights_are_output, true, sp);
 }
 
-// A decode step. Per (batch row, head) task and new token: Q·Kᵀ against every cached key in
-// register tiles (one token row), the masked softmax in per-token buffers, weights·V over the
-// cache vectorized over the head's features; then the output projection over the few new rows.
-// The cache is read where it lies, never copied: the runtime passes it cropped to a multiple of
-// contract::kCacheKeyTile keys, so that whole key tiles stay inside it.
+// A decode step (mha_decode.h). Per task (split x key/value head, batch row) and tile of
+// kDecodeRowTile rows (query heads of one group; one row where the group and step have fewer):
+// Q·Kᵀ against the split's keys in register tiles of key vectors x the tile's rows, the masked
+// softmax in per-tile buffers, weights·V in register tiles of the head's features (a model
+// head's whole when it fits); the splits merged; the output projection over the few new rows.
+// A tile in memory would load and store its accumulators at every key. The cache is read where
+// it lies, never copied: the runtime passes it cropped to a multiple of contract::kCacheKeyTile
+// keys and splits it at multiples of them, so that whole key tiles stay inside it.
 inline void schedule_decode(DecodeStages &f, const ScheduleParams &sp) {
     using namespace Halide;
     const StageVars &v = f.v;
     const int vec = sp.vector_lanes;
-    const auto guard = TailStrategy::GuardWithIf;
+    const auto guard = TailStrategy::GuardWithIf, whole = TailStrategy::RoundUp;
     schedule_projection(v, f.out_proj, sp);
     f.out_proj.rows.compute_root().vectorize(v.e, vec, guard);
+    for (Func merge : {f.context, f.weighted_contexts}) {
+        merge.compute_root().vectorize(v.c, vec, guard);
+    }
+    f.weighted_contexts.update().vectorize(v.c, vec, guard);
+    f.lse_max.compute_root();
+    f.weight_sum.compute_root();
 
-    // weights·V in register tiles of a row's features: a model head's whole (up to 8 vectors),
-    // other heads a vector at a time (the cache pads each key's values to whole vectors,
-    // contract::kCacheValueFeatures). A tile in memory would load and store its accumulators
-    // at every key. Heads and batch rows are separate parallel loops (see schedule_forward).
-    Var co("co"), ci("ci");
-    Func context_tiles = f.context.result.in();
-    context_tiles.compute_root();
-    const auto tile = [&](Stage stage, int cols) {
-        stage.split(v.c, co, ci, cols, TailStrategy::RoundUp)
-            .reorder(ci, co, v.i, v.h, v.b)
+    CoreStages &core = f.core;
+    Func tiles = f.split_results;
+    tiles.compute_root();
+    Var co("co"), ci("ci"), io("io"), ii("ii"), jo("jo"), ji("ji");
+    const auto tile = [&](Stage stage, int cols, int rows) {
+        stage.split(v.c, co, ci, cols, whole)
+            .split(v.i, io, ii, rows, whole)
+            .reorder(ci, ii, co, io, v.h, v.b)
             .vectorize(ci, vec)
-            .unroll(ci);
+            .unroll(ci)
+            .unroll(ii);
+        // Tasks and batch rows are separate parallel loops (see schedule_forward).
         fork_over_cores(stage, v.h, sp, LoopWork::streaming);
         fork_over_cores(stage, v.b, sp, LoopWork::streaming);
     };
+    // Half the registers accumulate (the tiles of the forward kernels' tuned buckets, made for
+    // other shapes, may take a single vector), in tiles of whole powers of two vectors, which
+    // divide a model head's features.
+    const int accumulators = sp.vector_registers / 2;
+    const auto vectors_of = [&](int rows) {
+        int vectors = 1;
+        while (vectors * 2 * rows <= accumulators) {
+            vectors *= 2;
+        }
+        return vectors;
+    };
+    const Expr grouped = f.rows >= kDecodeRowTile;
+    Stage grouped_tiles = tiles.specialize(grouped);
     for (int d : {32, 64, 128, 256}) {
-        tile(context_tiles.specialize(f.head_dim == d), std::min(d, 8 * vec));
+        tile(grouped_tiles.specialize(f.head_dim == d),
+             std::min(d, vectors_of(kDecodeRowTile) * vec), kDecodeRowTile);
+        tile(tiles.specialize(f.head_dim == d), std::min(d, vectors_of(1) * vec), 1);
     }
-    tile(context_tiles, vec);
-    schedule_register_tile(f.context.result, LoopLevel(context_tiles, co), v.c, v.i,
-                           {f.context.j.x}, vec);
-    MaskedSoftmax &sm = f.softmax;
-    sm.weights.compute_at(context_tiles, v.i).vectorize(v.j, vec, TailStrategy::RoundUp);
-    // Q·Kᵀ of one row: enough keys in flight for independent accumulators, whatever the
-    // forward kernels' tiles (whose token bucket may take one vector), within a key tile.
-    ScheduleParams keys = sp;
-    keys.qk_vectors = std::min(8, contract::kCacheKeyTile / vec);
-    schedule_attention_tile(v, f.scores, sm, context_tiles, v.i, v.i, 1, keys);
+    tile(grouped_tiles, vec, kDecodeRowTile);
+    tile(tiles, vec, 1);
+    schedule_register_tile(core.context.result, LoopLevel(tiles, co), v.c, v.i,
+                           {core.context.j.y, core.context.j.x}, vec);
+    MaskedSoftmax &sm = core.softmax;
+    sm.weights.compute_at(tiles, io).vectorize(v.j, vec, whole);
+
+    // Q·Kᵀ: enough key vectors in flight for independent accumulators, within a key tile.
+    Func score_tiles = core.scores.dot.in();
+    score_tiles.compute_at(tiles, io);
+    const auto key_tile = [&](Stage stage, int key_vectors) {
+        stage.split(v.j, jo, ji, std::min(key_vectors, contract::kCacheKeyTile / vec) * vec, whole)
+            .reorder(ji, v.i, jo)
+            .vectorize(ji, vec)
+            .unroll(ji)
+            .unroll(v.i);
+    };
+    key_tile(score_tiles.specialize(grouped), vectors_of(kDecodeRowTile));
+    key_tile(score_tiles, vectors_of(1));
+    schedule_register_tile(core.scores.dot, LoopLevel(score_tiles, jo), v.j, v.i, {core.scores.c.x},
+                           vec);
+    schedule_softmax_tile(v, sm, tiles, io, io, sp);
 }
 
 // A pipeline output copied out of a whole-tile stage: the only place tails are guarded.

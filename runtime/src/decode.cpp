@@ -14,6 +14,7 @@
 #include "kernel_table.h"
 #include "mha/mha.h"
 #include "packed_weights.h"
+#include "thread_pool.h"
 
 namespace mha {
 namespace detail {
@@ -90,6 +91,23 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
             }
         }
     }
+}
+
+// Keys per task of a step over `keys` cached keys (a multiple of kCacheKeyTile) whose batch rows
+// and key/value heads make `tasks`: the whole cache where the tasks keep `threads` busy, else
+// the fewest splits that give every thread work and as many tasks each (or at least 4 tasks
+// each), of at least kMinSplitKeys keys. A split costs a pass over its rows' contexts to merge.
+int64_t split_keys(int64_t tasks, int64_t keys, int threads) {
+    constexpr int64_t kMinSplitKeys = 2 * contract::kCacheKeyTile;
+    const int64_t most = std::max<int64_t>(1, keys / kMinSplitKeys);
+    int64_t splits = 1;
+    for (; splits < most; splits++) {
+        const int64_t total = tasks * splits;
+        if (total >= threads && (total % threads == 0 || total >= 4 * threads)) {
+            break;
+        }
+    }
+    return contract::round_up((keys + splits - 1) / splits, contract::kCacheKeyTile);
 }
 
 }  // namespace
@@ -325,6 +343,8 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     values[size_t(ArgId::value_cache)] = value_cache.raw_buffer();
     values[size_t(ArgId::cached_lengths)] = cached.raw_buffer();
     values[size_t(ArgId::new_counts)] = counts.raw_buffer();
+    int32_t split_keys = int32_t(detail::split_keys(B * H, keys, detail::pool_threads()));
+    values[size_t(ArgId::split_keys)] = &split_keys;
     values[size_t(ArgId::output)] = out.raw_buffer();
     if (key_padding) {
         mask = detail::view_buffer(c.cache_mask.data(), halide_type_of<uint8_t>(), {B, keys},

@@ -229,6 +229,53 @@ TEST(DecodeChunks, SplittingIntoStepsChangesNothing) {
     }
 }
 
+// With more threads than batch rows x key/value heads, a step splits the cache among them (at
+// least two key tiles each) and merges the splits by log-sum-exp: each thread count must give
+// the reference's outputs, with one key/value head and with groups of them, with key padding,
+// rows of different lengths and steps of several tokens.
+struct SplitCase {
+    const char *name;
+    int64_t batch, embed_dim, heads, kv_heads, capacity, prompt;
+};
+class DecodeSplits : public ::testing::TestWithParam<std::tuple<SplitCase, int>> {
+protected:
+    void TearDown() override { mha::set_num_threads(0); }
+};
+
+TEST_P(DecodeSplits, EveryThreadCountMatchesTheReference) {
+    const auto &[c, threads] = GetParam();
+    mha::set_num_threads(threads);
+    for (mha::DType cache_dtype : cache_dtypes()) {
+        SCOPED_TRACE(mha::contract::dtype_name(cache_dtype));
+        Decoder decoder(c.batch, c.embed_dim, c.heads, c.capacity, c.kv_heads, cache_dtype);
+        std::vector<uint8_t> keep(c.batch * c.capacity, 1);
+        std::mt19937_64 rng(mha::testing::next_seed());
+        for (uint8_t &k : keep) {
+            k = rng() % 5 != 0;
+        }
+        std::vector<int64_t> prompt(c.batch);
+        for (int64_t b = 0; b < c.batch; b++) {
+            prompt[b] = c.prompt - 61 * b;  // rows of different lengths
+        }
+        decoder.step(prompt, keep);
+        decoder.step(std::vector<int64_t>(c.batch, 1));
+        decoder.step(std::vector<int64_t>(c.batch, 3), keep);
+    }
+}
+
+const SplitCase kSplitCases[] = {
+    {"multi_query_d_128", 1, 512, 4, 1, 701, 643},
+    {"groups_of_3_d_16", 2, 96, 6, 2, 557, 411},
+    {"one_head_d_13", 1, 13, 1, 1, 389, 300},
+};
+INSTANTIATE_TEST_SUITE_P(Long, DecodeSplits,
+                         ::testing::Combine(::testing::ValuesIn(kSplitCases),
+                                            ::testing::Values(1, 3, 8)),
+                         [](const auto &info) {
+                             return std::string(std::get<0>(info.param).name) + "_" +
+                                    std::to_string(std::get<1>(info.param)) + "_threads";
+                         });
+
 // x, within [-1, 1], on a grid of 2^-bits.
 void to_grid(std::vector<float> &x, int bits) {
     for (float &v : x) {
@@ -267,9 +314,11 @@ TEST(DecodeCache, SixteenBitCachesHoldTheKeysAndValuesRounded) {
         EXPECT_LT(mha::reference::relative_l2(
                       outputs, mha::reference::decode_outputs(weights, tokens, T, {}, dtype)),
                   kTolerance);
+        // The rounding moves the outputs by about 1e-4 (the least over 300 seeds: 8e-5, f16),
+        // far from the f32 arithmetic's 1e-6.
         EXPECT_GT(mha::reference::relative_l2(
                       outputs, mha::reference::decode_outputs(weights, tokens, T, {})),
-                  1e-4);
+                  5 * kTolerance);
     }
 }
 

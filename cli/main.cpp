@@ -192,7 +192,7 @@ int list_kernels() {
                kernels.size(), mha::dispatched_isa(), mha::dispatched_isa(mha::DType::bf16));
     print_tuned_schedules();
     // causal: an attention kernel's keys bounded by a window; scores: soft-capped and ALiBi;
-    // rows: the query rows per head an attention kernel is for.
+    // rows: the query rows per head an attention kernel is for (page: one, over a paged cache).
     fmt::print(
         "{:<76} {:<7} {:<10} {:<5} {:<20} {:<26} {:<8} {:<6} {:<8} {:<5} {:<7} {:<4} arguments\n",
         "name", "device", "isa", "dtype", "buckets", "tunings", "mask", "causal", "qkv", "wts",
@@ -210,6 +210,7 @@ int list_kernels() {
                           : "separate",
             k.returns_weights ? "yes" : "no", k.modified_scores ? "capped" : "-",
             k.op != "attention" ? "-"
+            : k.paged           ? "page"
             : k.single_query    ? "1"
                                 : "any",
             fmt::join(k.arguments, ", "));

@@ -99,7 +99,10 @@ std::string kernel_name(const std::string &where, const std::string &served,
     }
     if (v.op == KernelOp::attention) {
         return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "") +
-               (v.single_query ? "_one_query" : "") + dtype_suffix(v.dtype);
+               (v.paged          ? "_paged"
+                : v.single_query ? "_one_query"
+                                 : "") +
+               dtype_suffix(v.dtype);
     }
     return name + (v.causal ? "_causal" : "") + (v.fused_qkv ? "_fused" : "_separate") +
            (v.returns_weights ? "_weights" : "") + dtype_suffix(v.dtype);
@@ -123,7 +126,7 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
     if (v.op == KernelOp::attention) {
         params += " window=" + bool_name(v.causal) +
                   " modified_scores=" + bool_name(v.modified_scores) +
-                  " single_query=" + bool_name(v.single_query) +
+                  " single_query=" + bool_name(v.single_query) + " paged=" + bool_name(v.paged) +
                   " dtype=" + std::string(dtype_name(v.dtype));
     }
     if (v.op == KernelOp::forward) {
@@ -401,7 +404,7 @@ std::string variant_initializer(const KernelVariant &v) {
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
            bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + ", " +
            bool_name(v.modified_scores) + ", " + bool_name(v.single_query) +
-           ", DType::" + std::string(dtype_name(v.cache)) + "}";
+           ", DType::" + std::string(dtype_name(v.cache)) + ", " + bool_name(v.paged) + "}";
 }
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the

@@ -70,6 +70,10 @@ enum class ArgId {
     window_end,
     softcap,
     alibi_slopes,
+    key_pages,
+    value_pages,
+    block_table,
+    sequence_lengths,
     context,
     lse,
 };
@@ -146,6 +150,14 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
      "scores softcap · tanh(s / softcap); 0: none"},
     {ArgId::alibi_slopes, "alibi_slopes", ArgKind::input_buffer, ElementType::f32, 1,
      "(h): scores minus slope · |i + diagonal - j|; zeros: none"},
+    {ArgId::key_pages, "key_pages", ArgKind::input_buffer, ElementType::f32, 4,
+     "(c, kv head, slot, block): a paged cache's keys, features dense"},
+    {ArgId::value_pages, "value_pages", ArgKind::input_buffer, ElementType::f32, 4,
+     "(c, kv head, slot, block): its values, features dense"},
+    {ArgId::block_table, "block_table", ArgKind::input_buffer, ElementType::i32, 2,
+     "(n, b): block of each sequence's keys n · slots .. (n + 1) · slots - 1"},
+    {ArgId::sequence_lengths, "sequence_lengths", ArgKind::input_buffer, ElementType::i32, 1,
+     "(b): keys of each sequence in the paged cache, its query the last"},
     {ArgId::context, "context", ArgKind::output_buffer, ElementType::f32, 4,
      "(c, i, h, b): weights·V, features dense, any other strides"},
     {ArgId::lse, "lse", ArgKind::output_buffer, ElementType::f32, 3,
@@ -176,6 +188,9 @@ constexpr ElementType arg_type(ArgId id, const KernelVariant &v, Device device) 
         default:
             return arg(id).type;
         }
+    }
+    if (v.paged && (id == ArgId::q || id == ArgId::key_pages || id == ArgId::value_pages)) {
+        return element_type(v.dtype);
     }
     if (v.dtype == DType::f32) {
         return arg(id).type;
@@ -229,6 +244,12 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         for (ArgId id : {ArgId::query, ArgId::qkv_weight, ArgId::qkv_bias, ArgId::qkv_rows}) {
             list.push(id);
         }
+        return list;
+    }
+    if (v.op == KernelOp::attention && v.paged) {
+        list.push({ArgId::q, ArgId::key_pages, ArgId::value_pages, ArgId::block_table,
+                   ArgId::sequence_lengths, ArgId::scale, ArgId::window_start, ArgId::window_end,
+                   ArgId::softcap, ArgId::alibi_slopes, ArgId::context, ArgId::lse});
         return list;
     }
     if (v.op == KernelOp::attention) {

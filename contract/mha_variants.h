@@ -334,19 +334,24 @@ struct KernelVariant {
     bool single_query = false;
     // Decode kernels: the element type of the KV cache, widened as it is read.
     DType cache = DType::f32;
+    // Attention kernels: K and V in a paged cache (FlashAttention's and vLLM's block tables), one
+    // query row per head at the end of each sequence, in a window, with modified scores; Q, K
+    // and V of `dtype`, widened as they are read.
+    bool paged = false;
 
     constexpr bool operator==(const KernelVariant &o) const {
         return op == o.op && mask == o.mask && returns_weights == o.returns_weights &&
                fused_qkv == o.fused_qkv && causal == o.causal && dtype == o.dtype &&
                modified_scores == o.modified_scores && single_query == o.single_query &&
-               cache == o.cache;
+               cache == o.cache && paged == o.paged;
     }
     // Which CPU instruction sets compile it: those of its dtype. The attention core's bf16
     // kernels are dot products of pairs, which CPUs with AMX run too: those of avx512bf16 serve
     // both. A decode step is bound by the bytes of its weights and cache, which every f32
-    // instruction set reads in each dtype, widening them to f32 as it reads.
+    // instruction set reads in each dtype, widening them to f32 as it reads; so is a step over a
+    // paged cache.
     constexpr bool compiled_for(const CpuIsa &isa) const {
-        if (op == KernelOp::qkv_projection || op == KernelOp::decode) {
+        if (op == KernelOp::qkv_projection || op == KernelOp::decode || paged) {
             return isa.dtype == DType::f32;
         }
         return isa.dtype == dtype && (op != KernelOp::attention || dtype == DType::f32 ||
@@ -375,9 +380,10 @@ struct KernelVariant {
 // key-padding mask over the cache or none, in each dtype of the weights, over a cache of the
 // weights' dtype or f32 (f32 weights: of each dtype). The weights averaged over heads. The
 // attention core: every mask kind x within a window or not x modified scores or not x one query row
-// or any, in f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place).
-inline constexpr std::array<KernelVariant, 138> kKernelVariants = [] {
-    std::array<KernelVariant, 138> all{};
+// or any, in f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place);
+// over a paged cache, in each dtype.
+inline constexpr std::array<KernelVariant, 141> kKernelVariants = [] {
+    std::array<KernelVariant, 141> all{};
     size_t n = 0;
     for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
@@ -419,6 +425,18 @@ inline constexpr std::array<KernelVariant, 138> kKernelVariants = [] {
                 }
             }
         }
+    }
+    for (DType dtype : kDTypes) {
+        all[n++] = {KernelOp::attention,
+                    MaskKind::none,
+                    false,
+                    false,
+                    true,
+                    dtype,
+                    true,
+                    true,
+                    DType::f32,
+                    true};
     }
     return all;
 }();

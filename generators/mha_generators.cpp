@@ -3,6 +3,7 @@
 // Outputs declared from the contract (contract/mha_contract.h), and the probe that tells the
 // runtime which CPU instruction set Halide's own target check accepts. Algorithms come from
 // mha_stages.h, mha_attention.h, mha_forward.h and mha_decode.h; schedules from schedules/.
+#include <functional>
 #include <map>
 
 #include "Halide.h"
@@ -436,6 +437,8 @@ public:
     GeneratorParam<bool> modified_scores{"modified_scores", false};
     // One query row per head (a decode step); K and V are then read where they lie.
     GeneratorParam<bool> single_query{"single_query", false};
+    // K and V in a paged cache, the query row the last position of each sequence.
+    GeneratorParam<bool> paged{"paged", false};
     // Of Q, K and V; the scores, softmax and context are f32 in every dtype.
     GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
@@ -448,24 +451,54 @@ public:
                 window,
                 dtype,
                 modified_scores,
-                single_query};
+                single_query,
+                mha::DType::f32,
+                paged};
     }
     void configure() { args_.declare(*this, variant(), get_target()); }
 
     void generate() {
         const mha::StageVars &v = v_;
-        GeneratorInput<Buffer<>> &q = args_.input(ArgId::q), &k = args_.input(ArgId::k);
-        GeneratorInput<Buffer<>> &values = args_.input(ArgId::v);
+        GeneratorInput<Buffer<>> &q = args_.input(ArgId::q);
+        GeneratorInput<Buffer<>> &k = args_.input(paged ? ArgId::key_pages : ArgId::k);
+        GeneratorInput<Buffer<>> &values = args_.input(paged ? ArgId::value_pages : ArgId::v);
         query_len_ = q.dim(1).extent();
-        num_keys_ = k.dim(1).extent();
         head_dim_ = q.dim(0).extent();
         value_dim_ = values.dim(0).extent();
         if (single_query) {
             q.dim(1).set_bounds(0, 1);
         }
         const Expr d = head_dim_, dv = value_dim_;
+        const Expr heads = q.dim(2).extent(), kv_heads = k.dim(paged ? 1 : 2).extent();
+        // Where key j of row b lies: in a paged cache, slot j % slots of block
+        // block_table(j / slots, b), read within the row's keys and the pool whatever whole
+        // tiles ask (the query is the row's last key); else at j, within the keys. Blocks hold
+        // a power of two slots (the runtime checks), so that a key's block and slot are a shift
+        // and a mask rather than a division per key.
+        Expr row_keys;
+        std::function<Expr(Func, Expr, Expr, Expr, Expr)> read;
+        if (paged) {
+            Func table = args_.input(ArgId::block_table);
+            const Expr slots = k.dim(2).extent(), blocks = k.dim(3).extent();
+            const Expr shift = 31 - count_leading_zeros(slots);
+            num_keys_ = args_.input(ArgId::block_table).dim(0).extent() * slots;
+            row_keys = args_.input(ArgId::sequence_lengths)(v.b);
+            const Expr table_blocks = args_.input(ArgId::block_table).dim(0).extent();
+            read = [=](Func f, Expr c, Expr key, Expr h, Expr b) {
+                // Within the table: the runtime checks that every row's keys are.
+                const Expr j = clamp(key, 0, max(row_keys - 1, 0));
+                const Expr entry = unsafe_promise_clamped(j >> shift, 0, table_blocks - 1);
+                const Expr slot = unsafe_promise_clamped(j & (slots - 1), 0, slots - 1);
+                return f(c, h, slot, clamp(table(entry, b), 0, blocks - 1));
+            };
+        } else {
+            num_keys_ = k.dim(1).extent();
+            row_keys = num_keys_;
+            read = [=](Func f, Expr c, Expr key, Expr h, Expr b) {
+                return f(c, clamp(key, 0, num_keys_ - 1), h, b);
+            };
+        }
         const Expr Sq = query_len_, Sk = num_keys_;
-        const Expr heads = q.dim(2).extent(), kv_heads = k.dim(2).extent();
         const Expr group = heads / kv_heads;
         // One query per head: the core's rows are then the `group` query heads that share a
         // key/value head, so that each K and V row is read once for all of them (whole tiles of
@@ -475,7 +508,7 @@ public:
         const auto query_head = [&](const Expr &row, const Expr &head) {
             return single_query ? clamp(head * group + row, 0, heads - 1) : head;
         };
-        const Expr position = single_query ? Expr(0) : Expr(v.i);
+        const Expr position = paged ? row_keys - 1 : single_query ? Expr(0) : Expr(v.i);
         const auto query_of = [&](const Func &f) {
             if (!single_query) {
                 return f;
@@ -495,9 +528,8 @@ public:
         Func q_heads("q_heads");
         q_heads(v.c, v.s, v.h, v.b) = as_read(
             q(v.c, single_query ? Expr(0) : clamp(v.s, 0, Sq - 1), query_head(v.s, v.h), v.b));
-        k_heads_(v.c, v.s, v.h, v.b) = as_read(k(v.c, clamp(v.s, 0, Sk - 1), v.h, v.b));
-        v_heads_(v.c, v.s, v.h, v.b) =
-            as_read(values(clamp(v.c, 0, dv - 1), clamp(v.s, 0, Sk - 1), v.h, v.b));
+        k_heads_(v.c, v.s, v.h, v.b) = as_read(read(k, v.c, v.s, v.h, v.b));
+        v_heads_(v.c, v.s, v.h, v.b) = as_read(read(values, clamp(v.c, 0, dv - 1), v.s, v.h, v.b));
         mha::CoreInputs in;
         in.q_heads = q_heads;
         in.k_heads = k_heads_;
@@ -531,17 +563,17 @@ public:
         if (window) {
             in.first_visible = Func("first_visible");
             in.first_visible(v.i, v.h, v.b) =
-                clamp(position + args_.scalar(ArgId::window_start), 0, Sk);
+                clamp(position + args_.scalar(ArgId::window_start), 0, row_keys);
             in.visible_keys = Func("visible_keys");
             in.visible_keys(v.i, v.h, v.b) =
-                clamp(position + args_.scalar(ArgId::window_end) + 1, 0, Sk);
+                clamp(position + args_.scalar(ArgId::window_end) + 1, 0, row_keys);
             in.masks.key_block = get_target().natural_vector_size<float>();
             in.query_block = single_query ? 1 : params.pv_rows;
         }
         if (modified_scores) {
             in.masks.softcap = args_.scalar(ArgId::softcap);
             in.masks.alibi_slope = args_.input(ArgId::alibi_slopes)(query_head(v.i, v.h));
-            in.masks.query_position = position + Sk - Sq;
+            in.masks.query_position = paged ? position : position + Sk - Sq;
         }
         core_ = mha::define_attention_core(v, in);
         // The context and the rows' log-sum-exp come out of one loop nest: the row statistics

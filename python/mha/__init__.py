@@ -6,14 +6,18 @@
 - ``mha.scaled_dot_product_attention``: ``torch.nn.functional.scaled_dot_product_attention``'s
   signature and semantics, with sliding windows, soft-capping and ALiBi; ``import
   mha.transformers`` registers it with Hugging Face transformers as ``attn_implementation="mha"``.
+- ``mha.paged_attention`` and ``mha.write_paged_cache``: a decode step over a paged KV cache in
+  FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences.
 """
-from ._mha import Error, KvCache, dispatched_isa, set_num_threads, tuned_schedules
+from ._mha import (Error, KvCache, PagedBlockTables, dispatched_isa, set_num_threads,
+                   tuned_schedules)
 from ._numpy import Attention
 
 __all__ = [
     "Attention",
     "Error",
     "KvCache",
+    "PagedBlockTables",
     "dispatched_isa",
     "set_num_threads",
     "tuned_schedules",
@@ -24,7 +28,9 @@ try:
 except ImportError:  # the NumPy API works without PyTorch
     pass
 else:
+    from ._paged import paged_attention, write_paged_cache
     from ._sdpa import scaled_dot_product_attention
     from ._torch import MultiheadAttention
 
-    __all__ += ["MultiheadAttention", "scaled_dot_product_attention"]
+    __all__ += ["MultiheadAttention", "paged_attention", "scaled_dot_product_attention",
+                "write_paged_cache"]

@@ -115,25 +115,65 @@ mha::StridedView<T> strided(const Array &array) {
 }
 
 // mha::attention on arrays of `dtype` ("f32", or "bf16"/"f16" given as their 16-bit bits).
-void attention(const StridedArray &query, const StridedArray &key, const StridedArray &value,
-               const StridedArray &output, const std::string &dtype,
-               const mha::AttentionOptions &options) {
+// What attention() and paged_attention() take alike (mask: bool or float32; lse: float32).
+mha::AttentionOptions attention_options(const std::optional<StridedArray> &mask,
+                                        std::optional<float> scale, int causal, int64_t window_left,
+                                        int64_t window_right, float softcap,
+                                        const std::optional<StridedArray> &alibi_slopes,
+                                        const std::optional<StridedArray> &lse) {
+    mha::AttentionOptions options;
+    options.scale = scale;
+    if (mask) {
+        if (mask->dtype() == nb::dtype<bool>())
+            options.mask = mha::AttentionMask{strided<const uint8_t>(*mask)};
+        else if (mask->dtype() == nb::dtype<float>())
+            options.mask = mha::AttentionMask{strided<const float>(*mask)};
+        else
+            throw nb::type_error("mask must be bool or float32");
+    }
+    options.causal = static_cast<mha::Causal>(causal);
+    options.window_left = window_left;
+    options.window_right = window_right;
+    options.softcap = softcap;
+    if (alibi_slopes) {
+        if (alibi_slopes->dtype() != nb::dtype<float>())
+            throw nb::type_error("alibi_slopes must be float32");
+        options.alibi_slopes = strided<const float>(*alibi_slopes);
+    }
+    if (lse) {
+        if (lse->dtype() != nb::dtype<float>())
+            throw nb::type_error("lse must be float32");
+        options.lse = strided<float>(*lse);
+    }
+    return options;
+}
+
+// Arrays of `dtype` ("f32", or "bf16"/"f16" given as their 16-bit bits): f(element) when every
+// one's elements have its size.
+template <typename F>
+void with_elements(const std::string &dtype, std::initializer_list<const StridedArray *> arrays,
+                   F f) {
     const auto run = [&](auto element) {
         using T = decltype(element);
-        for (const StridedArray *a : {&query, &key, &value, &output}) {
+        for (const StridedArray *a : arrays) {
             if (a->itemsize() != sizeof(T))
                 throw nb::type_error(("arrays of " + dtype + " must have elements of " +
                                       std::to_string(sizeof(T)) + " bytes")
                                          .c_str());
         }
-        nb::gil_scoped_release released;
-        mha::attention(strided<const T>(query), strided<const T>(key), strided<const T>(value),
-                       strided<T>(output), options);
+        f(element);
     };
     if (dtype_named(dtype) == mha::DType::f32)
         run(float{});
     else
         with_16_bits(dtype, run);
+}
+
+template <typename T>
+void check_int_array(const char *name, const StridedArray &a) {
+    if (a.dtype() != nb::dtype<T>())
+        throw nb::type_error(
+            (std::string(name) + " must be int" + std::to_string(8 * sizeof(T))).c_str());
 }
 
 }  // namespace
@@ -174,31 +214,14 @@ NB_MODULE(_mha, m) {
            int64_t window_left, int64_t window_right, float softcap,
            const std::optional<StridedArray> &alibi_slopes,
            const std::optional<StridedArray> &lse) {
-            mha::AttentionOptions options;
-            options.scale = scale;
-            if (mask) {
-                if (mask->dtype() == nb::dtype<bool>())
-                    options.mask = mha::AttentionMask{strided<const uint8_t>(*mask)};
-                else if (mask->dtype() == nb::dtype<float>())
-                    options.mask = mha::AttentionMask{strided<const float>(*mask)};
-                else
-                    throw nb::type_error("mask must be bool or float32");
-            }
-            options.causal = static_cast<mha::Causal>(causal);
-            options.window_left = window_left;
-            options.window_right = window_right;
-            options.softcap = softcap;
-            if (alibi_slopes) {
-                if (alibi_slopes->dtype() != nb::dtype<float>())
-                    throw nb::type_error("alibi_slopes must be float32");
-                options.alibi_slopes = strided<const float>(*alibi_slopes);
-            }
-            if (lse) {
-                if (lse->dtype() != nb::dtype<float>())
-                    throw nb::type_error("lse must be float32");
-                options.lse = strided<float>(*lse);
-            }
-            attention(query, key, value, output, dtype, options);
+            const mha::AttentionOptions options = attention_options(
+                mask, scale, causal, window_left, window_right, softcap, alibi_slopes, lse);
+            with_elements(dtype, {&query, &key, &value, &output}, [&](auto element) {
+                using T = decltype(element);
+                nb::gil_scoped_release released;
+                mha::attention(strided<const T>(query), strided<const T>(key),
+                               strided<const T>(value), strided<T>(output), options);
+            });
         },
         nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("output"), nb::arg("dtype"),
         nb::arg("mask").none() = nb::none(), nb::arg("scale").none() = nb::none(),
@@ -207,6 +230,88 @@ NB_MODULE(_mha, m) {
         nb::arg("lse").none() = nb::none(),
         "mha::attention: query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> "
         "output [B, H, Sq, dv], any strides; causal 0 none, 1 top-left, 2 bottom-right.");
+    m.def(
+        "paged_attention",
+        [](const StridedArray &query, const StridedArray &key_cache,
+           const StridedArray &value_cache, const StridedArray &block_table,
+           const StridedArray &sequence_lengths, const StridedArray &output,
+           const std::string &dtype, std::optional<float> scale, int64_t window_left, float softcap,
+           const std::optional<StridedArray> &alibi_slopes,
+           const std::optional<StridedArray> &lse) {
+            check_int_array<int32_t>("block_table", block_table);
+            check_int_array<int32_t>("sequence_lengths", sequence_lengths);
+            const mha::AttentionOptions options = attention_options(
+                std::nullopt, scale, 0, window_left, -1, softcap, alibi_slopes, lse);
+            with_elements(dtype, {&query, &key_cache, &value_cache, &output}, [&](auto element) {
+                using T = decltype(element);
+                const mha::PagedKvCache<T> cache{
+                    strided<const T>(key_cache), strided<const T>(value_cache),
+                    strided<const int32_t>(block_table), strided<const int32_t>(sequence_lengths)};
+                nb::gil_scoped_release released;
+                mha::paged_attention(strided<const T>(query), cache, strided<T>(output), options);
+            });
+        },
+        nb::arg("query"), nb::arg("key_cache"), nb::arg("value_cache"), nb::arg("block_table"),
+        nb::arg("sequence_lengths"), nb::arg("output"), nb::arg("dtype"),
+        nb::arg("scale").none() = nb::none(), nb::arg("window_left") = -1,
+        nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(),
+        "mha::paged_attention: query [B, 1, H, d], key_cache [blocks, block_size, Hkv, d], "
+        "value_cache [blocks, block_size, Hkv, dv], block_table [B, max_blocks] int32, "
+        "sequence_lengths [B] int32 -> output [B, 1, H, dv].");
+    m.def(
+        "write_paged_cache",
+        [](const StridedArray &key, const StridedArray &value, const StridedArray &key_cache,
+           const StridedArray &value_cache, const StridedArray &slot_mapping,
+           const std::string &dtype) {
+            check_int_array<int64_t>("slot_mapping", slot_mapping);
+            with_elements(dtype, {&key, &value, &key_cache, &value_cache}, [&](auto element) {
+                using T = decltype(element);
+                nb::gil_scoped_release released;
+                mha::write_paged_cache(strided<const T>(key), strided<const T>(value),
+                                       strided<T>(key_cache), strided<T>(value_cache),
+                                       strided<const int64_t>(slot_mapping));
+            });
+        },
+        nb::arg("key"), nb::arg("value"), nb::arg("key_cache"), nb::arg("value_cache"),
+        nb::arg("slot_mapping"), nb::arg("dtype"),
+        "mha::write_paged_cache: key [T, Hkv, d] and value [T, Hkv, dv] into slots "
+        "slot_mapping [T] int64 (negative: skipped) of the paged caches.");
+
+    using Int32Array = nb::ndarray<nb::numpy, const int32_t, nb::c_contig>;
+    const auto int32_view = [](const mha::StridedView<const int32_t> &view, nb::handle owner) {
+        return Int32Array(view.data, view.shape.size(),
+                          reinterpret_cast<const size_t *>(view.shape.data()), owner);
+    };
+    nb::class_<mha::PagedBlockTables>(
+        m, "PagedBlockTables",
+        "The blocks of a paged KV cache given to sequences, and the tables paged_attention "
+        "reads: sequences grow and shrink in whole blocks from a fixed pool, no key moves.")
+        .def(nb::init<int64_t, int64_t, int64_t, int64_t>(), nb::arg("num_blocks"),
+             nb::arg("block_size"), nb::arg("max_sequences"), nb::arg("max_blocks_per_sequence"))
+        .def("resize", &mha::PagedBlockTables::resize, nb::arg("sequence"), nb::arg("length"),
+             "Sets a sequence's length in keys (0: removes it), taking or returning blocks.")
+        .def("slot", &mha::PagedBlockTables::slot, nb::arg("sequence"), nb::arg("position"),
+             "The slot (block * block_size + offset) of a sequence's key, for "
+             "write_paged_cache's slot_mapping.")
+        .def("length", &mha::PagedBlockTables::length, nb::arg("sequence"))
+        .def_prop_ro("free_blocks", &mha::PagedBlockTables::free_blocks)
+        .def_prop_ro("num_blocks", &mha::PagedBlockTables::num_blocks)
+        .def_prop_ro("block_size", &mha::PagedBlockTables::block_size)
+        .def_prop_ro(
+            "block_table",
+            [int32_view](nb::handle self) {
+                return int32_view(nb::cast<const mha::PagedBlockTables &>(self).block_table(),
+                                  self);
+            },
+            "[max_sequences, max_blocks_per_sequence] int32, a view that follows resize().")
+        .def_prop_ro(
+            "sequence_lengths",
+            [int32_view](nb::handle self) {
+                return int32_view(nb::cast<const mha::PagedBlockTables &>(self).sequence_lengths(),
+                                  self);
+            },
+            "[max_sequences] int32, a view that follows resize().");
 
     nb::class_<mha::KvCache>(m, "KvCache",
                              "Projected keys and values of the tokens a decoder has seen.")

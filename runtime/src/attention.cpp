@@ -165,6 +165,54 @@ StridedView<void> erased(const StridedView<T> &t) {
     return {t.data, t.shape, t.strides};
 }
 
+// What every attention kernel takes alike: the context (the caller's output, or scratch that
+// finish() converts into it), the lse, the scale, the window, the softcap and ALiBi slopes (zeros
+// when the call has none), each read by the kernels whose variant takes it.
+template <typename T>
+class CoreArguments {
+public:
+    CoreArguments(const AttentionParams &p, const AttentionOptions &options, T *output)
+        : p_(p),
+          out_(output, p.output),
+          lse_(p.has_lse ? options.lse->data : nullptr,
+               p.has_lse ? p.lse : Strided{{p.batch, p.heads, p.query_len}, {}, 3}),
+          out_buffer_(out_.buffer()),
+          lse_buffer_(lse_.buffer()) {
+        const float *slopes = options.alibi_slopes ? options.alibi_slopes->data : nullptr;
+        Strided slopes_shape = p.alibi_slopes;
+        if (slopes == nullptr) {
+            zero_slopes_.emplace(p.heads);
+            std::fill_n(zero_slopes_->data(), p.heads, 0.0f);
+            slopes = zero_slopes_->data();
+            slopes_shape = {{p.heads}, {1}, 1};
+        }
+        slopes_buffer_ = view_buffer(slopes, halide_type_of<float>(), 1, slopes_shape.shape.data(),
+                                     slopes_shape.strides.data());
+    }
+    void set(ArgValues &values) {
+        values[size_t(ArgId::context)] = out_buffer_.raw_buffer();
+        values[size_t(ArgId::lse)] = lse_buffer_.raw_buffer();
+        values[size_t(ArgId::scale)] = &scale_;
+        values[size_t(ArgId::softcap)] = &softcap_;
+        values[size_t(ArgId::window_start)] = &window_start_;
+        values[size_t(ArgId::window_end)] = &window_end_;
+        values[size_t(ArgId::alibi_slopes)] = slopes_buffer_.raw_buffer();
+    }
+    void finish() const {
+        out_.finish();
+        lse_.finish();
+    }
+
+private:
+    const AttentionParams &p_;
+    const KernelOutput<T> out_;
+    const KernelOutput<float> lse_;
+    HostBuffer out_buffer_, lse_buffer_, slopes_buffer_;
+    std::optional<ScratchFloats> zero_slopes_;
+    float scale_ = p_.scale, softcap_ = p_.softcap;
+    int32_t window_start_ = p_.window_start, window_end_ = p_.window_end;
+};
+
 template <typename T>
 void run_attention(const StridedView<const T> &query, const StridedView<const T> &key,
                    const StridedView<const T> &value, const StridedView<T> &output,
@@ -176,25 +224,14 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
     const DType reads = kernel.variant.dtype;
     const KernelInput q(query.data, p.query, reads), k(key.data, p.key, reads),
         v(value.data, p.value, reads);
-    const KernelOutput<T> out(output.data, p.output);
-    const Strided lse_shape{{p.batch, p.heads, p.query_len}, {}, 3};
-    const KernelOutput<float> lse(p.has_lse ? options.lse->data : nullptr,
-                                  p.has_lse ? p.lse : lse_shape);
+    CoreArguments<T> core(p, options, output.data);
     HostBuffer q_buffer = q.buffer(), k_buffer = k.buffer(), v_buffer = v.buffer();
-    HostBuffer out_buffer = out.buffer(), lse_buffer = lse.buffer();
     ArgValues values{};
     values[size_t(ArgId::q)] = q_buffer.raw_buffer();
     values[size_t(ArgId::k)] = k_buffer.raw_buffer();
     values[size_t(ArgId::v)] = v_buffer.raw_buffer();
-    values[size_t(ArgId::context)] = out_buffer.raw_buffer();
-    values[size_t(ArgId::lse)] = lse_buffer.raw_buffer();
-    float scale = p.scale, softcap = p.softcap;
-    int32_t window_start = p.window_start, window_end = p.window_end;
+    core.set(values);
     int32_t mask_blocks_nonzero = p.mask.blocks_nonzero;
-    values[size_t(ArgId::scale)] = &scale;
-    values[size_t(ArgId::softcap)] = &softcap;
-    values[size_t(ArgId::window_start)] = &window_start;
-    values[size_t(ArgId::window_end)] = &window_end;
     values[size_t(ArgId::mask_blocks_nonzero)] = &mask_blocks_nonzero;
     HostBuffer mask_buffer;
     std::vector<uint8_t> unused_bytes;
@@ -204,26 +241,40 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
         const bool bytes = p.mask.kind == contract::MaskKind::bytes;
         values[size_t(bytes ? ArgId::mask : ArgId::additive_mask)] = mask_buffer.raw_buffer();
     }
-    // A kernel that modifies the scores takes slopes: zeros when the call has none.
-    HostBuffer slopes_buffer;
-    std::optional<ScratchFloats> zero_slopes;
-    if (p.modified_scores) {
-        const float *slopes = options.alibi_slopes ? options.alibi_slopes->data : nullptr;
-        Strided slopes_shape = p.alibi_slopes;
-        if (slopes == nullptr) {
-            zero_slopes.emplace(p.heads);
-            std::fill_n(zero_slopes->data(), p.heads, 0.0f);
-            slopes = zero_slopes->data();
-            slopes_shape = {{p.heads}, {1}, 1};
-        }
-        slopes_buffer = view_buffer(slopes, halide_type_of<float>(), 1, slopes_shape.shape.data(),
-                                    slopes_shape.strides.data());
-        values[size_t(ArgId::alibi_slopes)] = slopes_buffer.raw_buffer();
-    }
     CallContext context;
     call_kernel(kernel, context, values);
-    out.finish();
-    lse.finish();
+    core.finish();
+}
+
+// A view of the caller's memory as a kernel buffer, strides and all.
+template <typename T>
+HostBuffer in_place(const T *data, const Strided &s) {
+    return view_buffer(data, halide_type_of<std::remove_const_t<T>>(), s.rank, s.shape.data(),
+                       s.strides.data());
+}
+
+template <typename T>
+void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
+                         const StridedView<T> &output, const AttentionOptions &options) {
+    install_runtime_hooks();
+    const PagedParams p = check_paged_attention(query, cache, output, options);
+    const CompiledKernel &kernel = select_kernel(p);
+    CoreArguments<T> core(p.attention, options, output.data);
+    HostBuffer q = in_place(query.data, p.attention.query);
+    HostBuffer keys = in_place(cache.key_cache.data, p.key_cache);
+    HostBuffer values_buffer = in_place(cache.value_cache.data, p.value_cache);
+    HostBuffer table = in_place(cache.block_table.data, p.block_table);
+    HostBuffer lengths = in_place(cache.sequence_lengths.data, p.sequence_lengths);
+    ArgValues values{};
+    values[size_t(ArgId::q)] = q.raw_buffer();
+    values[size_t(ArgId::key_pages)] = keys.raw_buffer();
+    values[size_t(ArgId::value_pages)] = values_buffer.raw_buffer();
+    values[size_t(ArgId::block_table)] = table.raw_buffer();
+    values[size_t(ArgId::sequence_lengths)] = lengths.raw_buffer();
+    core.set(values);
+    CallContext context;
+    call_kernel(kernel, context, values);
+    core.finish();
 }
 
 template <typename T>
@@ -257,6 +308,19 @@ void attention(const StridedView<const float16> &query, const StridedView<const 
                const StridedView<const float16> &value, const StridedView<float16> &output,
                const AttentionOptions &options) {
     detail::run_attention(query, key, value, output, options);
+}
+
+void paged_attention(const StridedView<const float> &query, const PagedKvCache<float> &cache,
+                     const StridedView<float> &output, const AttentionOptions &options) {
+    detail::run_paged_attention(query, cache, output, options);
+}
+void paged_attention(const StridedView<const bfloat16> &query, const PagedKvCache<bfloat16> &cache,
+                     const StridedView<bfloat16> &output, const AttentionOptions &options) {
+    detail::run_paged_attention(query, cache, output, options);
+}
+void paged_attention(const StridedView<const float16> &query, const PagedKvCache<float16> &cache,
+                     const StridedView<float16> &output, const AttentionOptions &options) {
+    detail::run_paged_attention(query, cache, output, options);
 }
 
 std::string attention_kernel_name(const StridedView<const float> &query,

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "checks.h"
+#include "dtype.h"
 
 namespace mha::detail {
 namespace {
@@ -98,6 +99,45 @@ void check_extent(const char *name, int dimension, int64_t got, const char *than
     }
 }
 
+// The options every attention call takes alike: scale, causal alignment, window sides, softcap,
+// ALiBi slopes, lse; the mask and the window's offsets are the caller's.
+void check_score_options(AttentionParams &p, const AttentionOptions &options) {
+    p.scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(p.head_dim));
+    if (!std::isfinite(p.scale)) {
+        throw Error(fmt::format("scale {} is not finite", p.scale));
+    }
+    if (options.causal != Causal::none && options.causal != Causal::top_left &&
+        options.causal != Causal::bottom_right) {
+        throw Error(fmt::format("causal {} is none of none, top_left and bottom_right",
+                                int(options.causal)));
+    }
+    for (const auto &[name, side] :
+         {std::pair{"window_left", options.window_left}, {"window_right", options.window_right}}) {
+        if (side < -1) {
+            throw Error(fmt::format("{} {} must be -1 (unbounded) or >= 0", name, side));
+        }
+    }
+    if (!(options.softcap >= 0 && std::isfinite(options.softcap))) {
+        throw Error(fmt::format("softcap {} must be finite and >= 0 (0: none)", options.softcap));
+    }
+    p.softcap = options.softcap;
+    if (options.alibi_slopes) {
+        p.alibi_slopes =
+            checked("alibi_slopes", *options.alibi_slopes, 1, "[heads]", sizeof(float));
+        check_extent("alibi_slopes", 1, p.alibi_slopes.shape[0], "query", p.heads);
+    }
+    p.modified_scores = p.softcap != 0 || options.alibi_slopes.has_value();
+    p.has_lse = options.lse.has_value();
+    if (p.has_lse) {
+        p.lse = checked("lse", *options.lse, 3, "[batch, heads, query length]", sizeof(float));
+        const std::array<int64_t, 3> want{p.batch, p.heads, p.query_len};
+        if (!std::equal(want.begin(), want.end(), p.lse.shape.begin())) {
+            throw Error(fmt::format("lse has shape {} but must be [B, H, Sq] = {}",
+                                    shape_string(options.lse->shape), shape_string(want)));
+        }
+    }
+}
+
 }  // namespace
 
 AttentionParams check_attention(const StridedView<const void> &query,
@@ -136,23 +176,9 @@ AttentionParams check_attention(const StridedView<const void> &query,
         throw Error(fmt::format("output has shape {} but must be [B, H, Sq, dv] = {}",
                                 shape_string(output.shape), shape_string(out)));
     }
-    p.scale = options.scale ? *options.scale : 1.0f / std::sqrt(float(p.head_dim));
-    if (!std::isfinite(p.scale)) {
-        throw Error(fmt::format("scale {} is not finite", p.scale));
-    }
+    check_score_options(p, options);
     if (options.mask) {
         p.mask = attention_mask(*options.mask, p.scores_shape());
-    }
-    if (options.causal != Causal::none && options.causal != Causal::top_left &&
-        options.causal != Causal::bottom_right) {
-        throw Error(fmt::format("causal {} is none of none, top_left and bottom_right",
-                                int(options.causal)));
-    }
-    for (const auto &[name, side] :
-         {std::pair{"window_left", options.window_left}, {"window_right", options.window_right}}) {
-        if (side < -1) {
-            throw Error(fmt::format("{} {} must be -1 (unbounded) or >= 0", name, side));
-        }
     }
     const bool causal = options.causal != Causal::none;
     if (causal && options.window_right > 0) {
@@ -172,25 +198,6 @@ AttentionParams check_attention(const StridedView<const void> &query,
                     ? -Sq
                     : std::clamp(diagonal - std::min(options.window_left, Sq + Sk), -Sq, Sk));
     p.window_end = int32_t(right < 0 ? Sk : std::clamp(diagonal + right, -Sq - 1, Sk));
-    if (!(options.softcap >= 0 && std::isfinite(options.softcap))) {
-        throw Error(fmt::format("softcap {} must be finite and >= 0 (0: none)", options.softcap));
-    }
-    p.softcap = options.softcap;
-    if (options.alibi_slopes) {
-        p.alibi_slopes =
-            checked("alibi_slopes", *options.alibi_slopes, 1, "[heads]", sizeof(float));
-        check_extent("alibi_slopes", 1, p.alibi_slopes.shape[0], "query", p.heads);
-    }
-    p.modified_scores = p.softcap != 0 || options.alibi_slopes.has_value();
-    p.has_lse = options.lse.has_value();
-    if (p.has_lse) {
-        p.lse = checked("lse", *options.lse, 3, "[batch, heads, query length]", sizeof(float));
-        const std::array<int64_t, 3> want{p.batch, p.heads, Sq};
-        if (!std::equal(want.begin(), want.end(), p.lse.shape.begin())) {
-            throw Error(fmt::format("lse has shape {} but must be [B, H, Sq] = {}",
-                                    shape_string(options.lse->shape), shape_string(want)));
-        }
-    }
     // What the kernels make: keys copied key-major and values head-major (rounded up by a tile),
     // the context with the rows' statistics, and the mask read at its full extent.
     const int64_t tile = contract::kMaxTile;
@@ -211,5 +218,140 @@ AttentionParams check_attention(const StridedView<const void> &query,
     }
     return p;
 }
+
+template <typename T>
+PagedParams check_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
+                                  const StridedView<T> &output, const AttentionOptions &options) {
+    const DType dtype = dtype_of<T>();
+    const int64_t element_bytes = sizeof(T);
+    const StridedView<const T> &key_cache = cache.key_cache, &value_cache = cache.value_cache;
+    const StridedView<const int32_t> &block_table = cache.block_table;
+    const StridedView<const int32_t> &sequence_lengths = cache.sequence_lengths;
+    const char *pages = "[num_blocks, block_size, kv_heads, features]";
+    PagedParams paged{};
+    AttentionParams &p = paged.attention;
+    p.dtype = dtype;
+    p.query = checked("query", query, 4, "[batch, 1, heads, features]", element_bytes);
+    p.output = checked("output", output, 4, "[batch, 1, heads, features]", element_bytes);
+    paged.key_cache = checked("key_cache", key_cache, 4, pages, element_bytes);
+    paged.value_cache = checked("value_cache", value_cache, 4, pages, element_bytes);
+    paged.block_table = checked("block_table", block_table, 2, "[batch, max_blocks]", 4);
+    paged.sequence_lengths = checked("sequence_lengths", sequence_lengths, 1, "[batch]", 4);
+    p.batch = p.query.shape[0];
+    p.query_len = p.query.shape[1];
+    p.heads = p.query.shape[2];
+    p.head_dim = p.query.shape[3];
+    paged.num_blocks = paged.key_cache.shape[0];
+    paged.block_size = paged.key_cache.shape[1];
+    p.kv_heads = paged.key_cache.shape[2];
+    p.value_dim = paged.value_cache.shape[3];
+    if (p.query_len != 1) {
+        throw Error(
+            fmt::format("query has {} positions per sequence: a paged step takes each "
+                        "sequence's newest token only",
+                        p.query_len));
+    }
+    for (int d = 0; d < 3; d++) {
+        if (paged.value_cache.shape[d] != paged.key_cache.shape[d]) {
+            throw Error(
+                fmt::format("value_cache has shape {} but key_cache {}: they must agree "
+                            "but for the features",
+                            shape_string(value_cache.shape), shape_string(key_cache.shape)));
+        }
+    }
+    check_extent("key_cache", 3, paged.key_cache.shape[3], "query", p.head_dim);
+    check_extent("block_table", 0, paged.block_table.shape[0], "query", p.batch);
+    check_extent("sequence_lengths", 0, paged.sequence_lengths.shape[0], "query", p.batch);
+    const int64_t bs = paged.block_size;
+    if ((bs & (bs - 1)) != 0) {
+        throw Error(
+            fmt::format("key_cache has blocks of {} slots: a power of two (16, 32, 64...) "
+                        "is required",
+                        bs));
+    }
+    if (p.heads % p.kv_heads != 0) {
+        throw Error(
+            fmt::format("query has {} heads, not a multiple of key_cache's {} (grouped-query "
+                        "heads share a key/value head)",
+                        p.heads, p.kv_heads));
+    }
+    for (const auto &[name, s] : {std::pair{"query", &p.query},
+                                  {"key_cache", &paged.key_cache},
+                                  {"value_cache", &paged.value_cache}}) {
+        if (!s->dense_rows()) {
+            throw Error(
+                fmt::format("{} has feature stride {}: a paged step reads features "
+                            "contiguous (stride 1) in place",
+                            name, s->strides[3]));
+        }
+    }
+    const std::array<int64_t, 4> out{p.batch, 1, p.heads, p.value_dim};
+    if (!std::equal(out.begin(), out.end(), p.output.shape.begin())) {
+        throw Error(fmt::format("output has shape {} but must be [B, 1, H, dv] = {}",
+                                shape_string(output.shape), shape_string(out)));
+    }
+    const int64_t max_blocks = paged.block_table.shape[1];
+    p.key_len = max_blocks * bs;
+    check_kernel_buffer({p.batch, p.key_len}, 1, [] {
+        return std::string("the keys the block table reaches, [batch, max_blocks · block_size],");
+    });
+    // Each sequence's length and the blocks it reads: the kernel reads no other entry.
+    for (int64_t b = 0; b < p.batch; b++) {
+        const int64_t length = sequence_lengths.data[b * paged.sequence_lengths.strides[0]];
+        if (length < 0 || length > p.key_len) {
+            throw Error(
+                fmt::format("sequence_lengths[{}] is {}: must be 0 to max_blocks · "
+                            "block_size = {}",
+                            b, length, p.key_len));
+        }
+        for (int64_t n = 0; n < (length + bs - 1) / bs; n++) {
+            const int64_t block =
+                block_table
+                    .data[b * paged.block_table.strides[0] + n * paged.block_table.strides[1]];
+            if (block < 0 || block >= paged.num_blocks) {
+                throw Error(
+                    fmt::format("block_table[{}][{}] is {}: sequence {} reads it, and the "
+                                "cache has blocks 0 to {}",
+                                b, n, block, b, paged.num_blocks - 1));
+            }
+        }
+    }
+    check_score_options(p, options);
+    if (options.mask) {
+        throw Error("a paged step takes no mask: sequence_lengths bound each sequence's keys");
+    }
+    if (options.causal == Causal::top_left) {
+        throw Error(
+            "causal top_left with a paged step: the query is each sequence's last "
+            "position (none or bottom_right)");
+    }
+    if (options.window_right > 0) {
+        throw Error(
+            fmt::format("window_right {} with a paged step: no key lies past the query "
+                        "(window_right -1 or 0)",
+                        options.window_right));
+    }
+    // Offsets from the query, the last key: every key before it unless window_left bounds them.
+    p.window = true;
+    p.window_start =
+        int32_t(options.window_left < 0 ? -p.key_len : -std::min(options.window_left, p.key_len));
+    p.window_end = 0;
+    // The kernels take the query and output as [B, H, 1, d] views.
+    for (Strided *s : {&p.query, &p.output}) {
+        std::swap(s->shape[1], s->shape[2]);
+        std::swap(s->strides[1], s->strides[2]);
+    }
+    return paged;
+}
+
+template PagedParams check_paged_attention(const StridedView<const float> &,
+                                           const PagedKvCache<float> &, const StridedView<float> &,
+                                           const AttentionOptions &);
+template PagedParams check_paged_attention(const StridedView<const bfloat16> &,
+                                           const PagedKvCache<bfloat16> &,
+                                           const StridedView<bfloat16> &, const AttentionOptions &);
+template PagedParams check_paged_attention(const StridedView<const float16> &,
+                                           const PagedKvCache<float16> &,
+                                           const StridedView<float16> &, const AttentionOptions &);
 
 }  // namespace mha::detail

@@ -46,4 +46,20 @@ AttentionParams check_attention(const StridedView<const void> &query,
                                 const StridedView<void> &output, DType dtype,
                                 const AttentionOptions &options);
 
+// A call of mha::paged_attention: the query's and output's parameters (Sq 1, key_len what the
+// block table reaches, a window always; query and output viewed as [B, H, 1, d]), and the
+// cache's views. Reads the sequence lengths and
+// the block table entries each sequence reads, which must lie in the pool.
+struct PagedParams {
+    AttentionParams attention;
+    Strided key_cache, value_cache, block_table, sequence_lengths;
+    int64_t num_blocks, block_size;
+};
+
+// A template (f32, bf16, f16) rather than on erased views, whose copies of the shapes would
+// allocate: a paged step allocates nothing.
+template <typename T>
+PagedParams check_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
+                                  const StridedView<T> &output, const AttentionOptions &options);
+
 }  // namespace mha::detail

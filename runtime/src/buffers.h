@@ -11,10 +11,16 @@
 #include "HalideBuffer.h"
 #include "mha/mha.h"
 
-// bf16 tensors as Halide's bfloat type (mha::bfloat16 holds the same bits).
+// bf16 and f16 tensors as Halide's bfloat and float types (mha::bfloat16 and mha::float16 hold
+// the same bits).
 template <>
 HALIDE_ALWAYS_INLINE constexpr halide_type_t halide_type_of<mha::bfloat16>() {
     return halide_type_t(halide_type_bfloat, 16);
+}
+
+template <>
+HALIDE_ALWAYS_INLINE constexpr halide_type_t halide_type_of<mha::float16>() {
+    return halide_type_t(halide_type_float, 16);
 }
 
 namespace mha::detail {

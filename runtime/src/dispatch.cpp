@@ -79,6 +79,22 @@ const CompiledKernel &select_kernel(const AttentionParams &p) {
     return *kernel;
 }
 
+const CompiledKernel &select_kernel(const PagedParams &p) {
+    contract::KernelVariant v;
+    v.op = contract::KernelOp::attention;
+    v.paged = true;               // one query row per head at the end of each sequence
+    v.single_query = true;        // ... which one kernel of every f32 instruction set takes,
+    v.causal = true;              // in a window, with modified scores, whatever the options
+    v.modified_scores = true;     // (off at run time: the whole sequence, softcap and slopes 0)
+    v.dtype = p.attention.dtype;  // of Q, K and V, widened as they are read
+    const CompiledKernel *kernel =
+        find_kernel(component_for(Device::cpu), int(cpu_isa()), p.attention.batch, v);
+    if (kernel == nullptr) {
+        throw Error("internal error: the cpu kernels have no paged attention variant");
+    }
+    return *kernel;
+}
+
 void run_forward(const ForwardParams &p, const ForwardKernels &kernels, const PackedWeights &packed,
                  const Tensor &query, const Tensor &key, const Tensor &value,
                  const MutableTensor &output, const std::optional<MutableTensor> &weights) {

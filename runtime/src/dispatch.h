@@ -24,6 +24,8 @@ ForwardKernels select_kernel(const ForwardParams &p);
 // The attention core's kernel (mha::attention): for bf16 tensors those of AVX512_BF16's dot
 // products where bf16_isa gives them, else f32 on the CPU's f32 instruction set.
 const CompiledKernel &select_kernel(const AttentionParams &p);
+// A paged step's (mha::paged_attention): the one kernel of its dtype on the f32 instruction set.
+const CompiledKernel &select_kernel(const PagedParams &p);
 
 // Runs `kernels` on the call's tensors (views of their memory, of the element type the kernels
 // read: what `query`, `key` and `value` point to is read as such) and the module's `packed`

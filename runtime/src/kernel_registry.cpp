@@ -70,6 +70,7 @@ std::vector<KernelInfo> linked_kernels() {
                             kernel.variant.causal,
                             kernel.variant.modified_scores,
                             kernel.variant.single_query,
+                            kernel.variant.paged,
                             kernel.variant.dtype,
                             {}};
             const contract::BucketSet buckets = contract::cell_buckets(kernel.cells);

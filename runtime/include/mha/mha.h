@@ -375,6 +375,74 @@ std::string attention_kernel_name(const StridedView<const float16> &query,
                                   const StridedView<const float16> &value,
                                   const AttentionOptions &options = {});
 
+// A paged KV cache as FlashAttention's flash_attn_with_kvcache and vLLM's FlashAttention backend
+// lay it out, so that an engine hands over its own tensors: key_cache [num_blocks, block_size,
+// Hkv, d] and value_cache [num_blocks, block_size, Hkv, dv] (any strides, each row's features
+// contiguous; block_size a power of two), block_table [B, max_blocks] (key j of sequence b in
+// slot j % block_size of block block_table[b][j / block_size]), sequence_lengths [B] (the keys
+// of each sequence, its newest token's included).
+template <typename T>
+struct PagedKvCache {
+    StridedView<const T> key_cache, value_cache;
+    StridedView<const int32_t> block_table, sequence_lengths;
+};
+
+// A decode step of B sequences of different lengths over a paged cache: query [B, 1, H, d], each
+// sequence's newest token (whose key and value write_paged_cache has written), -> output
+// [B, 1, H, dv]; H a multiple of Hkv. The query is its sequence's last position, so the step is
+// causal (options.causal none or bottom_right); window_left bounds the keys it sees from below
+// (window_right must be -1 or 0), with softcap, alibi_slopes, scale and lse as attention()
+// takes them; a sequence of no keys gets a zero output. No mask. The cache, the block table and
+// the lengths are read where they lie, each key and value once for the query heads that share
+// it, in f32, bf16 or f16 widened to f32 as they are read. Block entries past a sequence's
+// length are never read; those it reads must lie in the pool. Bad arguments raise mha::Error.
+void paged_attention(const StridedView<const float> &query, const PagedKvCache<float> &cache,
+                     const StridedView<float> &output, const AttentionOptions &options = {});
+void paged_attention(const StridedView<const bfloat16> &query, const PagedKvCache<bfloat16> &cache,
+                     const StridedView<bfloat16> &output, const AttentionOptions &options = {});
+void paged_attention(const StridedView<const float16> &query, const PagedKvCache<float16> &cache,
+                     const StridedView<float16> &output, const AttentionOptions &options = {});
+
+// Writes T tokens' keys [T, Hkv, d] and values [T, Hkv, dv] into a paged cache (as vLLM's
+// reshape_and_cache_flash): token t into slot slot_mapping[t] = block · block_size + offset of
+// key_cache and value_cache [num_blocks, block_size, Hkv, d | dv]; a negative slot (a padding
+// token) is skipped. Nothing else moves.
+template <typename T>
+void write_paged_cache(const StridedView<const T> &key, const StridedView<const T> &value,
+                       const StridedView<T> &key_cache, const StridedView<T> &value_cache,
+                       const StridedView<const int64_t> &slot_mapping);
+
+// The blocks of one paged cache given to sequences, and the tables paged_attention reads: a
+// fixed pool of num_blocks blocks of block_size slots, max_sequences rows of up to
+// max_blocks_per_sequence blocks. A sequence (a row) grows and shrinks in whole blocks taken from
+// and returned to the pool, so that no key ever moves; nothing is allocated after construction.
+class PagedBlockTables {
+public:
+    PagedBlockTables(int64_t num_blocks, int64_t block_size, int64_t max_sequences,
+                     int64_t max_blocks_per_sequence);
+
+    // Sets sequence `sequence`'s length (0: removes it), taking or returning blocks. Raises
+    // mha::Error, changing nothing, when the pool or the row has too few blocks.
+    void resize(int64_t sequence, int64_t length);
+    // The slot (block · block_size + offset) of key `position` of a sequence, for
+    // write_paged_cache.
+    int64_t slot(int64_t sequence, int64_t position) const;
+    int64_t length(int64_t sequence) const;
+    int64_t free_blocks() const;
+    int64_t num_blocks() const { return num_blocks_; }
+    int64_t block_size() const { return block_size_; }
+    int64_t max_sequences() const { return max_sequences_; }
+    int64_t max_blocks_per_sequence() const { return max_blocks_; }
+    // [max_sequences, max_blocks_per_sequence], row-major; unused entries 0.
+    StridedView<const int32_t> block_table() const;
+    // [max_sequences]; removed sequences 0.
+    StridedView<const int32_t> sequence_lengths() const;
+
+private:
+    int64_t num_blocks_, block_size_, max_sequences_, max_blocks_;
+    std::vector<int32_t> table_, lengths_, free_;  // free_: a stack of free blocks
+};
+
 // The instruction set whose f32 CPU kernels this process runs: on x86-64 "avx512", "avx2" or
 // "sse41" (the library carries all three and runs the best one the CPU supports, as Halide's
 // own target check decides it; setting MHA_CPU_ISA=avx2 (or sse41) in the environment caps that
@@ -409,6 +477,7 @@ struct KernelInfo {
     bool causal;           // an attention kernel's: the keys a query sees bounded by a window
     bool modified_scores;  // attention kernels: soft-capping and ALiBi
     bool single_query;     // attention kernels: for one query row per head (Sq = 1) only
+    bool paged;            // attention kernels: K and V in a paged cache (paged_attention)
     // Of its activations and projection weights: on the CPU bf16 for the bf16 instruction sets;
     // on GPUs bf16 or f16, read as their bits and widened to f32.
     DType dtype;

@@ -1,0 +1,131 @@
+"""mha.paged_attention and mha.write_paged_cache against torch's SDPA (float64) on each sequence's
+keys and values gathered from the blocks, in FlashAttention's and vLLM's cache layout; blocks
+handed out by mha.PagedBlockTables."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mha
+
+
+def tolerance(dtype):
+    return {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+
+
+def relative_error(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm()).item()
+
+
+def paged_problem(lengths, heads, kv_heads, head_dim, block_size, dtype):
+    """Sequences of `lengths` written token by token, in turns, into a shuffled pool."""
+    tables = mha.PagedBlockTables(num_blocks=sum(-(-n // block_size) for n in lengths) + 4,
+                                  block_size=block_size, max_sequences=len(lengths),
+                                  max_blocks_per_sequence=max(-(-n // block_size) for n in lengths))
+    shape = (tables.num_blocks, block_size, kv_heads, head_dim)
+    key_cache, value_cache = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    keys = [torch.randn(n, kv_heads, head_dim).to(dtype) for n in lengths]
+    values = [torch.randn(n, kv_heads, head_dim).to(dtype) for n in lengths]
+    for j in range(max(lengths)):
+        for seq, n in enumerate(lengths):
+            if j < n:
+                tables.resize(seq, j + 1)
+                mha.write_paged_cache(keys[seq][j:j + 1], values[seq][j:j + 1], key_cache,
+                                      value_cache, torch.tensor([tables.slot(seq, j)]))
+    return tables, key_cache, value_cache, keys, values
+
+
+def reference(query, keys, values, window=None):
+    """Each sequence's newest token over its keys: torch's SDPA in float64 with grouped heads."""
+    out = []
+    for b, (k, v) in enumerate(zip(keys, values)):
+        if window is not None:
+            k, v = k[-(window + 1):], v[-(window + 1):]
+        q = query[b].double().transpose(0, 1)  # [H, 1, d]
+        out.append(F.scaled_dot_product_attention(q, k.double().transpose(0, 1),
+                                                  v.double().transpose(0, 1), enable_gqa=True)
+                   .transpose(0, 1))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,block_size", [(64, 16), (128, 32), (17, 1)])
+def test_matches_torch_per_sequence(seed, dtype, head_dim, block_size):
+    lengths = [1, 130, 47]
+    tables, key_cache, value_cache, keys, values = paged_problem(lengths, 8, 2, head_dim,
+                                                                 block_size, dtype)
+    query = torch.randn(3, 1, 8, head_dim).to(dtype)
+    got = mha.paged_attention(query, key_cache, value_cache, torch.tensor(tables.block_table),
+                              torch.tensor(tables.sequence_lengths))
+    assert got.dtype == dtype and got.shape == (3, 1, 8, head_dim)
+    assert relative_error(got, reference(query, keys, values)) < tolerance(dtype)
+    windowed = mha.paged_attention(query, key_cache, value_cache,
+                                   torch.tensor(tables.block_table),
+                                   torch.tensor(tables.sequence_lengths), window=20)
+    assert relative_error(windowed, reference(query, keys, values, window=20)) < tolerance(dtype)
+
+
+def test_lse_and_an_empty_sequence(seed):
+    tables, key_cache, value_cache, keys, values = paged_problem([9, 4], 4, 4, 16, 16,
+                                                                 torch.float32)
+    tables.resize(1, 0)  # ended: its blocks back in the pool
+    query = torch.randn(2, 1, 4, 16)
+    out, lse = mha.paged_attention(query, key_cache, value_cache,
+                                   torch.tensor(tables.block_table),
+                                   torch.tensor(tables.sequence_lengths), return_lse=True)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -torch.inf)
+    scores = torch.einsum("hd,jhd->hj", query[0, 0].double(), keys[0].double()) / 4.0
+    torch.testing.assert_close(lse[0, :, 0].double(), torch.logsumexp(scores, -1), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_write_skips_padding_slots_and_checks_the_rest():
+    key_cache, value_cache = torch.zeros(2, 4, 1, 3), torch.zeros(2, 4, 1, 3)
+    key = torch.arange(6.0).reshape(2, 1, 3)
+    mha.write_paged_cache(key, key + 10, key_cache, value_cache, torch.tensor([5, -1]))
+    assert torch.equal(key_cache[1, 1, 0], key[0, 0])
+    assert torch.equal(value_cache[1, 1, 0], key[0, 0] + 10)
+    assert key_cache.count_nonzero() == 2  # key 0 of token 0 is 0; token 1 skipped
+    with pytest.raises(mha.Error, match=r"slot_mapping\[0\] is 8: the cache has slots 0 to 7"):
+        mha.write_paged_cache(key, key, key_cache, value_cache, torch.tensor([8, 0]))
+    with pytest.raises(TypeError, match="slot_mapping is torch.int32: it must be torch.int64"):
+        mha.write_paged_cache(key, key, key_cache, value_cache, torch.tensor([0, 1],
+                                                                             dtype=torch.int32))
+
+
+def test_tables_give_blocks_back():
+    tables = mha.PagedBlockTables(num_blocks=4, block_size=16, max_sequences=2,
+                                  max_blocks_per_sequence=3)
+    tables.resize(0, 33)
+    assert tables.free_blocks == 1
+    with pytest.raises(mha.Error, match="sequence 1 of 20 keys needs 2 more blocks; 1 are free"):
+        tables.resize(1, 20)
+    tables.resize(0, 0)
+    assert tables.free_blocks == 4 and list(tables.sequence_lengths) == [0, 0]
+
+
+def test_compile_fullgraph_and_export(seed):
+    tables, key_cache, value_cache, keys, values = paged_problem([5, 30], 4, 2, 16, 16,
+                                                                 torch.float32)
+    table, lengths = torch.tensor(tables.block_table), torch.tensor(tables.sequence_lengths)
+    query = torch.randn(2, 1, 4, 16)
+
+    def step(q, k_cache, v_cache, new_k, slots):
+        mha.write_paged_cache(new_k, new_k, k_cache, v_cache, slots)
+        return mha.paged_attention(q, k_cache, v_cache, table, lengths, softcap=5.0)
+
+    new_k = keys[1][-1:].clone()
+    slots = torch.tensor([tables.slot(1, 29)])
+    eager = step(query, key_cache.clone(), value_cache.clone(), new_k, slots)
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(compiled(query, key_cache.clone(), value_cache.clone(), new_k,
+                                        slots), eager)
+
+    class Step(torch.nn.Module):
+        def forward(self, q, k_cache, v_cache):
+            return mha.paged_attention(q, k_cache, v_cache, table, lengths)
+
+    exported = torch.export.export(Step(), (query, key_cache, value_cache))
+    assert "mha.paged_attention" in str(exported.graph)
+    torch.testing.assert_close(exported.module()(query, key_cache, value_cache),
+                               mha.paged_attention(query, key_cache, value_cache, table, lengths))

@@ -172,12 +172,15 @@ template <typename T>
 class CoreArguments {
 public:
     CoreArguments(const AttentionParams &p, const AttentionOptions &options, T *output)
-        : p_(p),
-          out_(output, p.output),
+        : out_(output, p.output),
           lse_(p.has_lse ? options.lse->data : nullptr,
                p.has_lse ? p.lse : Strided{{p.batch, p.heads, p.query_len}, {}, 3}),
           out_buffer_(out_.buffer()),
-          lse_buffer_(lse_.buffer()) {
+          lse_buffer_(lse_.buffer()),
+          scale_(p.scale),
+          softcap_(p.softcap),
+          window_start_(p.window_start),
+          window_end_(p.window_end) {
         const float *slopes = options.alibi_slopes ? options.alibi_slopes->data : nullptr;
         Strided slopes_shape = p.alibi_slopes;
         if (slopes == nullptr) {
@@ -204,13 +207,12 @@ public:
     }
 
 private:
-    const AttentionParams &p_;
     const KernelOutput<T> out_;
     const KernelOutput<float> lse_;
     HostBuffer out_buffer_, lse_buffer_, slopes_buffer_;
     std::optional<ScratchFloats> zero_slopes_;
-    float scale_ = p_.scale, softcap_ = p_.softcap;
-    int32_t window_start_ = p_.window_start, window_end_ = p_.window_end;
+    float scale_, softcap_;  // the kernels take scalars by address
+    int32_t window_start_, window_end_;
 };
 
 template <typename T>

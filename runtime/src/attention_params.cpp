@@ -146,13 +146,13 @@ AttentionParams check_attention(const StridedView<const void> &query,
                                 const StridedView<void> &output, DType dtype,
                                 const AttentionOptions &options) {
     const char *layout = "[batch, heads, sequence, features]";
-    const int64_t element_bytes = dtype == DType::f32 ? 4 : 2;
+    const int64_t bytes = element_bytes(dtype);
     AttentionParams p{};
     p.dtype = dtype;
-    p.query = checked("query", query, 4, layout, element_bytes);
-    p.key = checked("key", key, 4, layout, element_bytes);
-    p.value = checked("value", value, 4, layout, element_bytes);
-    p.output = checked("output", output, 4, layout, element_bytes);
+    p.query = checked("query", query, 4, layout, bytes);
+    p.key = checked("key", key, 4, layout, bytes);
+    p.value = checked("value", value, 4, layout, bytes);
+    p.output = checked("output", output, 4, layout, bytes);
     p.batch = p.query.shape[0];
     p.heads = p.query.shape[1];
     p.query_len = p.query.shape[2];
@@ -223,7 +223,7 @@ template <typename T>
 PagedParams check_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
                                   const StridedView<T> &output, const AttentionOptions &options) {
     const DType dtype = dtype_of<T>();
-    const int64_t element_bytes = sizeof(T);
+    const int64_t bytes = element_bytes(dtype);
     const StridedView<const T> &key_cache = cache.key_cache, &value_cache = cache.value_cache;
     const StridedView<const int32_t> &block_table = cache.block_table;
     const StridedView<const int32_t> &sequence_lengths = cache.sequence_lengths;
@@ -231,10 +231,10 @@ PagedParams check_paged_attention(const StridedView<const T> &query, const Paged
     PagedParams paged{};
     AttentionParams &p = paged.attention;
     p.dtype = dtype;
-    p.query = checked("query", query, 4, "[batch, 1, heads, features]", element_bytes);
-    p.output = checked("output", output, 4, "[batch, 1, heads, features]", element_bytes);
-    paged.key_cache = checked("key_cache", key_cache, 4, pages, element_bytes);
-    paged.value_cache = checked("value_cache", value_cache, 4, pages, element_bytes);
+    p.query = checked("query", query, 4, "[batch, 1, heads, features]", bytes);
+    p.output = checked("output", output, 4, "[batch, 1, heads, features]", bytes);
+    paged.key_cache = checked("key_cache", key_cache, 4, pages, bytes);
+    paged.value_cache = checked("value_cache", value_cache, 4, pages, bytes);
     paged.block_table = checked("block_table", block_table, 2, "[batch, max_blocks]", 4);
     paged.sequence_lengths = checked("sequence_lengths", sequence_lengths, 1, "[batch]", 4);
     p.batch = p.query.shape[0];

@@ -19,11 +19,6 @@
 namespace mha {
 namespace detail {
 
-// The bytes of one key or value in a cache of `dtype`.
-inline int64_t element_bytes(DType dtype) {
-    return contract::halide_type(contract::element_type(dtype)).bytes();
-}
-
 // A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
 // values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile, each key's
 // values to one of kCacheValueFeatures; elements of `dtype`.

@@ -12,10 +12,16 @@
 #include <type_traits>
 
 #include "checks.h"
+#include "halide_types.h"
 #include "mha/mha.h"
 #include "mha_contract.h"
 
 namespace mha::detail {
+
+// The bytes of one element of `dtype` in a kernel's buffer (contract::element_type).
+inline int64_t element_bytes(DType dtype) {
+    return contract::halide_type(contract::element_type(dtype)).bytes();
+}
 
 template <typename T>
 constexpr DType dtype_of();

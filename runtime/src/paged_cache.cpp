@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 
 #include "checks.h"
 #include "mha/mha.h"
@@ -10,17 +11,17 @@
 namespace mha {
 namespace {
 
-// The element (i0, i1, ...) of a view: its strides, or row-major ones when it has none.
+// A view's strides, outermost first: its own, or row-major ones when it has none (rank <= 4, as
+// check_rank checks first).
 template <typename T>
-int64_t stride_of(const StridedView<T> &view, size_t d) {
-    if (!view.strides.empty()) {
-        return view.strides[d];
+std::array<int64_t, 4> strides_of(const StridedView<T> &view) {
+    std::array<int64_t, 4> strides{};
+    int64_t row_major = 1;
+    for (size_t d = view.shape.size(); d-- > 0;) {
+        strides[d] = view.strides.empty() ? row_major : view.strides[d];
+        row_major *= view.shape[d];
     }
-    int64_t stride = 1;
-    for (size_t e = d + 1; e < view.shape.size(); e++) {
-        stride *= view.shape[e];
-    }
-    return stride;
+    return strides;
 }
 
 template <typename T>
@@ -65,26 +66,27 @@ void write_paged_cache(const StridedView<const T> &key, const StridedView<const 
         }
     }
     const int64_t block_size = key_cache.shape[1];
+    const int64_t slot_stride = strides_of(slot_mapping)[0];
     for (int64_t t = 0; t < tokens; t++) {
-        const int64_t slot = slot_mapping.data[t * stride_of(slot_mapping, 0)];
+        const int64_t slot = slot_mapping.data[t * slot_stride];
         if (slot >= slots) {
             throw Error(fmt::format("slot_mapping[{}] is {}: the cache has slots 0 to {}", t, slot,
                                     slots - 1));
         }
     }
     const auto copy = [&](const StridedView<const T> &from, const StridedView<T> &to) {
+        const std::array<int64_t, 4> in = strides_of(from), out = strides_of(to);
         for (int64_t t = 0; t < tokens; t++) {
-            const int64_t slot = slot_mapping.data[t * stride_of(slot_mapping, 0)];
+            const int64_t slot = slot_mapping.data[t * slot_stride];
             if (slot < 0) {
                 continue;  // a padding token
             }
             const int64_t block = slot / block_size, offset = slot % block_size;
             for (int64_t h = 0; h < from.shape[1]; h++) {
-                const T *source = from.data + t * stride_of(from, 0) + h * stride_of(from, 1);
-                T *target = to.data + block * stride_of(to, 0) + offset * stride_of(to, 1) +
-                            h * stride_of(to, 2);
+                const T *source = from.data + t * in[0] + h * in[1];
+                T *target = to.data + block * out[0] + offset * out[1] + h * out[2];
                 for (int64_t c = 0; c < from.shape[2]; c++) {
-                    target[c * stride_of(to, 3)] = source[c * stride_of(from, 2)];
+                    target[c * out[3]] = source[c * in[2]];
                 }
             }
         }

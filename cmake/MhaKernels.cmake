@@ -48,6 +48,9 @@ if (MHA_CPU_ISAS)
     string(REPLACE ";" "," cpu_isas "${MHA_CPU_ISAS}")
     list(APPEND emit_options --cpu-isas ${cpu_isas})
 endif ()
+if (MHA_KERNELS_FROM)
+    list(APPEND emit_options --kernels-from ${MHA_KERNELS_FROM})
+endif ()
 if (MHA_GPU_DTYPES)
     string(REPLACE ";" "," gpu_dtypes "${MHA_GPU_DTYPES}")
     list(APPEND emit_options --gpu-dtypes ${gpu_dtypes})
@@ -105,22 +108,42 @@ function(mha_sanitized_kernel name generator target params)
     set_property(GLOBAL APPEND PROPERTY MHA_cpu_asan_KERNELS ${name}_asan)
 endfunction()
 
+# A kernel as another build made it (MHA_KERNELS_FROM): its object and headers copied from `dir`
+# into the target that add_halide_library makes.
+function(mha_copied_kernel name dir)
+    set(files ${name}.o ${name}.h ${name}.function_info.h)
+    list(TRANSFORM files PREPEND ${dir}/ OUTPUT_VARIABLE sources)
+    list(TRANSFORM files PREPEND ${CMAKE_CURRENT_BINARY_DIR}/)
+    add_custom_command(OUTPUT ${files}
+                       COMMAND ${CMAKE_COMMAND} -E copy ${sources} ${CMAKE_CURRENT_BINARY_DIR}
+                       DEPENDS ${sources} VERBATIM)
+    add_library(${name} STATIC ${CMAKE_CURRENT_BINARY_DIR}/${name}.o)
+    set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+    target_link_libraries(${name} INTERFACE mha_halide_runtime)
+    target_sources(${name} INTERFACE FILE_SET HEADERS BASE_DIRS ${CMAKE_CURRENT_BINARY_DIR}
+                   FILES ${CMAKE_CURRENT_BINARY_DIR}/${name}.h)
+endfunction()
+
 # mha_kernel(<name> DEVICE <device> GENERATOR <generator> TARGET <halide target>
-#            PARAMS <generator params> [SANITIZED | SANITIZED_ONLY]): one row of kernels.cmake.
-# Called in the directory that links the kernels into the libraries.
+#            PARAMS <generator params> [SANITIZED | SANITIZED_ONLY] [FROM_BUILD <dir>]): one row
+# of kernels.cmake. Called in the directory that links the kernels into the libraries.
 function(mha_kernel name)
-    cmake_parse_arguments(PARSE_ARGV 1 ARG "SANITIZED;SANITIZED_ONLY" "DEVICE;GENERATOR;TARGET"
-                          "PARAMS")
+    cmake_parse_arguments(PARSE_ARGV 1 ARG "SANITIZED;SANITIZED_ONLY"
+                          "DEVICE;GENERATOR;TARGET;FROM_BUILD" "PARAMS")
     if (ARG_SANITIZED_ONLY)  # an instruction set the library leaves out (MHA_CPU_ISAS)
         mha_sanitized_kernel(${name} ${ARG_GENERATOR} ${ARG_TARGET} "${ARG_PARAMS}")
         return()
     endif ()
-    add_halide_library(${name} FROM mha_generators
-                       GENERATOR ${ARG_GENERATOR}
-                       TARGETS ${ARG_TARGET}
-                       PARAMS ${ARG_PARAMS}
-                       USE_RUNTIME mha_halide_runtime
-                       FUNCTION_INFO_HEADER function_info_header)
+    if (ARG_FROM_BUILD)
+        mha_copied_kernel(${name} ${ARG_FROM_BUILD})
+    else ()
+        add_halide_library(${name} FROM mha_generators
+                           GENERATOR ${ARG_GENERATOR}
+                           TARGETS ${ARG_TARGET}
+                           PARAMS ${ARG_PARAMS}
+                           USE_RUNTIME mha_halide_runtime
+                           FUNCTION_INFO_HEADER function_info_header)
+    endif ()
     set_property(GLOBAL APPEND PROPERTY MHA_${ARG_DEVICE}_KERNELS ${name})
     if (ARG_SANITIZED)
         mha_sanitized_kernel(${name} ${ARG_GENERATOR} ${ARG_TARGET} "${ARG_PARAMS}")

@@ -145,9 +145,8 @@ case "$command" in
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
         cross_build arm64
         # The package's tests check the binding, not the kernels (ctest ran all of them): it is
-        # built with one instruction set's kernels and the generator just built: about 2 minutes
-        # on 2 cores, where a user's build takes 3 or more.
-        install_python_package MHA_CPU_ISAS=avx2 "mha-halide_generators_ROOT=$build"
+        # built with one instruction set's kernels, copied from the build just tested.
+        install_python_package MHA_CPU_ISAS=avx2 "MHA_KERNELS_FROM=$build"
         log "pytest in python/tests"
         (cd "$root/python/tests" && "$torch_venv/bin/python" -m pytest -q -p no:cacheprovider)
         log "every test passed"

@@ -1,7 +1,7 @@
 # cmake -DPROJECT_BUILD=<dir> -DWORK=<dir> -DCONSUMER=<examples/consumer> -DMAKE_PROGRAM=<ninja>
 #       [-DSHARED_FROM=<source dir> -DHALIDE_DIR=<dir> -DGPU_KERNELS=ON|OFF [-DCPU_ISA=<isa>]
 #        [-DGPU_DTYPES=<MHA_GPU_DTYPES>]
-#        [-DGENERATORS=<host build whose generators it runs>]]
+#        [-DKERNELS_FROM=<host build whose kernels it copies (MHA_KERNELS_FROM)>]]
 #       [-DTOOLCHAIN=<toolchain file> -DEMULATOR=<program|arguments> -DCXX=<compiler>]
 #       -P consume_installed.cmake
 # Installs the project (PROJECT_BUILD, or with SHARED_FROM a BUILD_SHARED_LIBS=ON build of that
@@ -38,7 +38,7 @@ if (DEFINED SHARED_FROM)
         -DMHA_BUILD_TESTS=OFF -DMHA_BUILD_TOOLS=OFF -DMHA_BUILD_BENCHMARKS=OFF
         -DMHA_GPU_KERNELS=${GPU_KERNELS} -DHalide_DIR=${HALIDE_DIR} -DMHA_CPU_ISAS=${CPU_ISA}
         -DMHA_GPU_DTYPES=${GPU_DTYPES}
-        -Dmha-halide_generators_ROOT=${GENERATORS})
+        -DMHA_KERNELS_FROM=${KERNELS_FROM})
     run(${CMAKE_COMMAND} --build ${PROJECT_BUILD})
 endif ()
 run(${CMAKE_COMMAND} --install ${PROJECT_BUILD} --prefix ${WORK}/installed)

@@ -8,6 +8,8 @@
   mha.transformers`` registers it with Hugging Face transformers as ``attn_implementation="mha"``.
 - ``mha.paged_attention`` and ``mha.write_paged_cache``: a decode step over a paged KV cache in
   FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences.
+- ``mha.varlen_attention``: sequences packed without padding (``flash_attn_varlen_func``);
+  ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op).
 """
 from ._mha import (Error, KvCache, PagedBlockTables, dispatched_isa, set_num_threads,
                    tuned_schedules)
@@ -29,8 +31,10 @@ except ImportError:  # the NumPy API works without PyTorch
     pass
 else:
     from ._paged import paged_attention, write_paged_cache
+    from ._rotary import rotary_embedding
     from ._sdpa import scaled_dot_product_attention
     from ._torch import MultiheadAttention
+    from ._varlen import varlen_attention
 
-    __all__ += ["MultiheadAttention", "paged_attention", "scaled_dot_product_attention",
-                "write_paged_cache"]
+    __all__ += ["MultiheadAttention", "paged_attention", "rotary_embedding",
+                "scaled_dot_product_attention", "varlen_attention", "write_paged_cache"]

@@ -120,6 +120,18 @@ def _check(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor
                             f"float mask (added to the scores)")
 
 
+def _window_sides(window: Union[None, int, Tuple[int, int]], causal: bool) -> Tuple[int, int]:
+    """(window_left, window_right) of a ``window`` argument: None unbounded, an int ``(window,
+    0)`` with a causal order and both sides otherwise, or the pair; -1 leaves a side unbounded."""
+    if window is None:
+        left, right = -1, -1
+    elif isinstance(window, int):
+        left, right = window, (0 if causal else window)
+    else:
+        left, right = window
+    return int(left), 0 if causal and right == -1 else int(right)
+
+
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  attn_mask: Optional[Tensor] = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: Optional[float] = None,
@@ -141,16 +153,9 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     log-sum-exp of each row's scores.
     """
     _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
-    if window is None:
-        window_left, window_right = -1, -1
-    elif isinstance(window, int):
-        window_left, window_right = window, (0 if is_causal else window)
-    else:
-        window_left, window_right = window
-    if is_causal and window_right == -1:
-        window_right = 0
+    window_left, window_right = _window_sides(window, is_causal)
     args = (query, key, value, attn_mask, is_causal,
-            None if scale is None else float(scale), int(window_left), int(window_right),
+            None if scale is None else float(scale), window_left, window_right,
             0.0 if softcap is None else float(softcap), alibi_slopes)
     if _traced(query):
         output, lse = _sdpa_op(*args)

@@ -7,6 +7,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <tuple>
 
 #include "mha/mha.h"
 #include "mha_contract.h"
@@ -231,6 +232,34 @@ NB_MODULE(_mha, m) {
         "mha::attention: query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> "
         "output [B, H, Sq, dv], any strides; causal 0 none, 1 top-left, 2 bottom-right.");
     m.def(
+        "varlen_attention",
+        [](const StridedArray &query, const StridedArray &key, const StridedArray &value,
+           const StridedArray &cu_seqlens_q, const StridedArray &cu_seqlens_k,
+           const StridedArray &output, const std::string &dtype, std::optional<float> scale,
+           int causal, int64_t window_left, int64_t window_right, float softcap,
+           const std::optional<StridedArray> &alibi_slopes,
+           const std::optional<StridedArray> &lse) {
+            check_int_array<int32_t>("cu_seqlens_q", cu_seqlens_q);
+            check_int_array<int32_t>("cu_seqlens_k", cu_seqlens_k);
+            const mha::AttentionOptions options = attention_options(
+                std::nullopt, scale, causal, window_left, window_right, softcap, alibi_slopes, lse);
+            with_elements(dtype, {&query, &key, &value, &output}, [&](auto element) {
+                using T = decltype(element);
+                nb::gil_scoped_release released;
+                mha::varlen_attention(strided<const T>(query), strided<const T>(key),
+                                      strided<const T>(value), strided<const int32_t>(cu_seqlens_q),
+                                      strided<const int32_t>(cu_seqlens_k), strided<T>(output),
+                                      options);
+            });
+        },
+        nb::arg("query"), nb::arg("key"), nb::arg("value"), nb::arg("cu_seqlens_q"),
+        nb::arg("cu_seqlens_k"), nb::arg("output"), nb::arg("dtype"),
+        nb::arg("scale").none() = nb::none(), nb::arg("causal") = 0, nb::arg("window_left") = -1,
+        nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
+        nb::arg("alibi_slopes").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        "mha::varlen_attention: query [total_q, H, d], key [total_k, Hkv, d], value [total_k, "
+        "Hkv, dv], cu_seqlens_q and cu_seqlens_k [B + 1] int32 -> output [total_q, H, dv].");
+    m.def(
         "paged_attention",
         [](const StridedArray &query, const StridedArray &key_cache,
            const StridedArray &value_cache, const StridedArray &block_table,
@@ -259,6 +288,37 @@ NB_MODULE(_mha, m) {
         "mha::paged_attention: query [B, 1, H, d], key_cache [blocks, block_size, Hkv, d], "
         "value_cache [blocks, block_size, Hkv, dv], block_table [B, max_blocks] int32, "
         "sequence_lengths [B] int32 -> output [B, 1, H, dv].");
+    m.def(
+        "rotary_embedding",
+        [](const StridedArray &query, const StridedArray &key, const StridedArray &positions,
+           const std::string &dtype, bool interleaved, int64_t rotary_dim, float theta,
+           const std::optional<StridedArray> &cos, const std::optional<StridedArray> &sin) {
+            check_int_array<int64_t>("positions", positions);
+            mha::RotaryOptions options;
+            options.style =
+                interleaved ? mha::RotaryStyle::interleaved : mha::RotaryStyle::rotate_half;
+            options.rotary_dim = rotary_dim;
+            options.theta = theta;
+            for (const auto &[name, table, view] :
+                 {std::tuple{"cos", &cos, &options.cos}, {"sin", &sin, &options.sin}}) {
+                if (*table) {
+                    if ((*table)->dtype() != nb::dtype<float>())
+                        throw nb::type_error((std::string(name) + " must be float32").c_str());
+                    *view = strided<const float>(**table);
+                }
+            }
+            with_elements(dtype, {&query, &key}, [&](auto element) {
+                using T = decltype(element);
+                nb::gil_scoped_release released;
+                mha::rotary_embedding(strided<T>(query), strided<T>(key),
+                                      strided<const int64_t>(positions), options);
+            });
+        },
+        nb::arg("query"), nb::arg("key"), nb::arg("positions"), nb::arg("dtype"),
+        nb::arg("interleaved") = false, nb::arg("rotary_dim") = 0, nb::arg("theta") = 10000.0f,
+        nb::arg("cos").none() = nb::none(), nb::arg("sin").none() = nb::none(),
+        "mha::rotary_embedding: query [T, H, d] and key [T, Hkv, d] rotated in place at "
+        "positions [T] int64.");
     m.def(
         "write_paged_cache",
         [](const StridedArray &key, const StridedArray &value, const StridedArray &key_cache,

@@ -3,7 +3,9 @@
 // rows, else converted through scratch memory, and the kernel run.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "attention_params.h"
 #include "buffers.h"
@@ -279,6 +281,76 @@ void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T
     core.finish();
 }
 
+// Rows [first, first + count) of a packed [total, heads, features] view, as the [1, heads,
+// count, features] view attention() takes.
+template <typename T>
+StridedView<T> sequence_rows(const StridedView<T> &packed, const Strided &s, int64_t first,
+                             int64_t count) {
+    return {packed.data + first * s.strides[0],
+            {1, s.shape[1], count, s.shape[2]},
+            {0, s.strides[1], s.strides[0], s.strides[2]}};
+}
+
+template <typename T>
+void run_varlen_attention(const StridedView<const T> &query, const StridedView<const T> &key,
+                          const StridedView<const T> &value,
+                          const StridedView<const int32_t> &cu_seqlens_q,
+                          const StridedView<const int32_t> &cu_seqlens_k,
+                          const StridedView<T> &output, const AttentionOptions &options) {
+    const VarlenParams p =
+        check_varlen_attention(erased(query), erased(key), erased(value), cu_seqlens_q,
+                               cu_seqlens_k, erased(output), dtype_of<T>(), options);
+    struct Sequence {
+        StridedView<const T> query, key, value;
+        StridedView<T> output;
+        AttentionOptions options;
+    };
+    std::vector<Sequence> sequences;
+    for (int64_t b = 0; b < p.batch; b++) {
+        const int64_t q0 = p.query_starts[size_t(b)], k0 = p.key_starts[size_t(b)];
+        const int64_t rows = p.query_starts[size_t(b + 1)] - q0;
+        const int64_t keys = p.key_starts[size_t(b + 1)] - k0;
+        if (rows == 0) {
+            continue;
+        }
+        Sequence s{sequence_rows(query, p.query, q0, rows),
+                   {},
+                   {},
+                   sequence_rows(output, p.output, q0, rows),
+                   options};
+        if (p.has_lse) {  // [H, total_q] -> [1, H, rows]
+            s.options.lse = StridedView<float>{options.lse->data + q0 * p.lse.strides[1],
+                                               {1, p.heads, rows},
+                                               {0, p.lse.strides[0], p.lse.strides[1]}};
+        }
+        if (keys > 0) {  // checked, as every sequence is, before any output is written
+            s.key = sequence_rows(key, p.key, k0, keys);
+            s.value = sequence_rows(value, p.value, k0, keys);
+            check_attention(erased(s.query), erased(s.key), erased(s.value), erased(s.output),
+                            dtype_of<T>(), s.options);
+        }
+        sequences.push_back(std::move(s));
+    }
+    for (const Sequence &s : sequences) {
+        if (s.key.data != nullptr) {
+            run_attention(s.query, s.key, s.value, s.output, s.options);
+            continue;
+        }
+        // No key weighs its queries: zero outputs, -inf lse.
+        for (int64_t i = 0; i < s.output.shape[2]; i++) {
+            for (int64_t h = 0; h < p.heads; h++) {
+                for (int64_t c = 0; c < p.value_dim; c++) {
+                    s.output.data[i * p.output.strides[0] + h * p.output.strides[1] +
+                                  c * p.output.strides[2]] = narrow<T>(0.0f);
+                }
+                if (p.has_lse) {
+                    s.options.lse->data[h * p.lse.strides[0] + i * p.lse.strides[1]] = -INFINITY;
+                }
+            }
+        }
+    }
+}
+
 template <typename T>
 std::string kernel_name_for(const StridedView<const T> &query, const StridedView<const T> &key,
                             const StridedView<const T> &value, const AttentionOptions &options) {
@@ -323,6 +395,30 @@ void paged_attention(const StridedView<const bfloat16> &query, const PagedKvCach
 void paged_attention(const StridedView<const float16> &query, const PagedKvCache<float16> &cache,
                      const StridedView<float16> &output, const AttentionOptions &options) {
     detail::run_paged_attention(query, cache, output, options);
+}
+
+void varlen_attention(const StridedView<const float> &query, const StridedView<const float> &key,
+                      const StridedView<const float> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<float> &output, const AttentionOptions &options) {
+    detail::run_varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, output, options);
+}
+void varlen_attention(const StridedView<const bfloat16> &query,
+                      const StridedView<const bfloat16> &key,
+                      const StridedView<const bfloat16> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<bfloat16> &output, const AttentionOptions &options) {
+    detail::run_varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, output, options);
+}
+void varlen_attention(const StridedView<const float16> &query,
+                      const StridedView<const float16> &key,
+                      const StridedView<const float16> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<float16> &output, const AttentionOptions &options) {
+    detail::run_varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, output, options);
 }
 
 std::string attention_kernel_name(const StridedView<const float> &query,

@@ -219,6 +219,86 @@ AttentionParams check_attention(const StridedView<const void> &query,
     return p;
 }
 
+namespace {
+
+// cu_seqlens_q or cu_seqlens_k: row offsets from 0, nondecreasing, ending at `total`.
+std::vector<int64_t> sequence_starts(const char *name, const StridedView<const int32_t> &cu,
+                                     const char *rows, int64_t total) {
+    const Strided s = checked(name, cu, 1, "[batch + 1]", sizeof(int32_t));
+    std::vector<int64_t> starts(size_t(s.shape[0]));
+    for (size_t b = 0; b < starts.size(); b++) {
+        starts[b] = cu.data[int64_t(b) * s.strides[0]];
+        if (b == 0 && starts[0] != 0) {
+            throw Error(fmt::format("{}[0] is {}: the offsets start at 0", name, starts[0]));
+        }
+        if (b > 0 && starts[b] < starts[b - 1]) {
+            throw Error(
+                fmt::format("{}[{}] is {}, less than the {} before it: offsets never "
+                            "decrease",
+                            name, b, starts[b], starts[b - 1]));
+        }
+    }
+    if (starts.back() != total) {
+        throw Error(fmt::format("{}[{}] is {} but {} has {} rows: the sequences must cover them",
+                                name, starts.size() - 1, starts.back(), rows, total));
+    }
+    return starts;
+}
+
+}  // namespace
+
+VarlenParams check_varlen_attention(const StridedView<const void> &query,
+                                    const StridedView<const void> &key,
+                                    const StridedView<const void> &value,
+                                    const StridedView<const int32_t> &cu_seqlens_q,
+                                    const StridedView<const int32_t> &cu_seqlens_k,
+                                    const StridedView<void> &output, DType dtype,
+                                    const AttentionOptions &options) {
+    const char *layout = "[total rows, heads, features]";
+    const int64_t bytes = element_bytes(dtype);
+    VarlenParams p{};
+    p.query = checked("query", query, 3, layout, bytes);
+    p.key = checked("key", key, 3, layout, bytes);
+    p.value = checked("value", value, 3, layout, bytes);
+    p.output = checked("output", output, 3, layout, bytes);
+    p.heads = p.query.shape[1];
+    p.head_dim = p.query.shape[2];
+    p.kv_heads = p.key.shape[1];
+    p.value_dim = p.value.shape[2];
+    check_extent("value", 1, p.value.shape[1], "key", p.kv_heads);
+    check_extent("key", 2, p.key.shape[2], "query", p.head_dim);
+    if (p.value.shape[0] != p.key.shape[0]) {
+        throw Error(fmt::format("value has {} rows but key {}", p.value.shape[0], p.key.shape[0]));
+    }
+    const std::array<int64_t, 3> out{p.query.shape[0], p.heads, p.value_dim};
+    if (!std::equal(out.begin(), out.end(), p.output.shape.begin())) {
+        throw Error(fmt::format("output has shape {} but must be [total_q, H, dv] = {}",
+                                shape_string(output.shape), shape_string(out)));
+    }
+    if (options.mask) {
+        throw Error("varlen_attention takes no mask: cu_seqlens bound each sequence's keys");
+    }
+    p.query_starts = sequence_starts("cu_seqlens_q", cu_seqlens_q, "query", p.query.shape[0]);
+    p.key_starts = sequence_starts("cu_seqlens_k", cu_seqlens_k, "key", p.key.shape[0]);
+    if (p.key_starts.size() != p.query_starts.size()) {
+        throw Error(
+            fmt::format("cu_seqlens_k has {} offsets but cu_seqlens_q {}: one per "
+                        "sequence and one past the last in each",
+                        p.key_starts.size(), p.query_starts.size()));
+    }
+    p.batch = int64_t(p.query_starts.size()) - 1;
+    p.has_lse = options.lse.has_value();
+    if (p.has_lse) {
+        p.lse = checked("lse", *options.lse, 2, "[heads, total_q]", sizeof(float));
+        const std::array<int64_t, 2> want{p.heads, p.query.shape[0]};
+        if (!std::equal(want.begin(), want.end(), p.lse.shape.begin())) {
+            throw Error(fmt::format("lse has shape {} but must be [H, total_q] = {}",
+                                    shape_string(options.lse->shape), shape_string(want)));
+        }
+    }
+    return p;
+}
+
 template <typename T>
 PagedParams check_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
                                   const StridedView<T> &output, const AttentionOptions &options) {

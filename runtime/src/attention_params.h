@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "masks.h"
 #include "mha/mha.h"
@@ -45,6 +46,23 @@ AttentionParams check_attention(const StridedView<const void> &query,
                                 const StridedView<const void> &value,
                                 const StridedView<void> &output, DType dtype,
                                 const AttentionOptions &options);
+
+// A call of mha::varlen_attention: the packed views ([total, heads, features]; lse [H, total_q])
+// and each sequence's first query and key row (B + 1 of each, the last the totals). Checks the
+// packing alone: each sequence's own call checks the options.
+struct VarlenParams {
+    int64_t batch, heads, kv_heads, head_dim, value_dim;
+    Strided query, key, value, output, lse;
+    bool has_lse;
+    std::vector<int64_t> query_starts, key_starts;
+};
+VarlenParams check_varlen_attention(const StridedView<const void> &query,
+                                    const StridedView<const void> &key,
+                                    const StridedView<const void> &value,
+                                    const StridedView<const int32_t> &cu_seqlens_q,
+                                    const StridedView<const int32_t> &cu_seqlens_k,
+                                    const StridedView<void> &output, DType dtype,
+                                    const AttentionOptions &options);
 
 // A call of mha::paged_attention: the query's and output's parameters (Sq 1, key_len what the
 // block table reaches, a window always; query and output viewed as [B, H, 1, d]), and the

@@ -361,6 +361,33 @@ void attention(const StridedView<const bfloat16> &query, const StridedView<const
 void attention(const StridedView<const float16> &query, const StridedView<const float16> &key,
                const StridedView<const float16> &value, const StridedView<float16> &output,
                const AttentionOptions &options = {});
+// Sequences packed without padding, as FlashAttention's flash_attn_varlen_func takes them (a
+// prefill of requests of different lengths): query [total_q, H, d], key [total_k, Hkv, d], value
+// [total_k, Hkv, dv] -> output [total_q, H, dv]. Sequence b is query rows cu_seqlens_q[b] to
+// cu_seqlens_q[b + 1] - 1 over key rows cu_seqlens_k[b] to cu_seqlens_k[b + 1] - 1 (int32
+// [B + 1], from 0, nondecreasing, ending at total_q and total_k), computed as attention() computes
+// one batch row with these options: causal order, window, softcap, ALiBi and scale within each
+// sequence (FlashAttention's causal is bottom_right); lse, when given, [H, total_q]. No mask. A
+// sequence of no keys gets zero outputs (and -inf lse). Every sequence is checked before any is
+// computed; bad arguments raise mha::Error naming the argument. Its keys and values go into a
+// paged cache with write_paged_cache, which takes the same packed rows.
+void varlen_attention(const StridedView<const float> &query, const StridedView<const float> &key,
+                      const StridedView<const float> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<float> &output, const AttentionOptions &options = {});
+void varlen_attention(const StridedView<const bfloat16> &query,
+                      const StridedView<const bfloat16> &key,
+                      const StridedView<const bfloat16> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<bfloat16> &output, const AttentionOptions &options = {});
+void varlen_attention(const StridedView<const float16> &query,
+                      const StridedView<const float16> &key,
+                      const StridedView<const float16> &value,
+                      const StridedView<const int32_t> &cu_seqlens_q,
+                      const StridedView<const int32_t> &cu_seqlens_k,
+                      const StridedView<float16> &output, const AttentionOptions &options = {});
 // The kernel attention() runs for these arguments (checked as attention() checks them).
 std::string attention_kernel_name(const StridedView<const float> &query,
                                   const StridedView<const float> &key,
@@ -411,6 +438,26 @@ template <typename T>
 void write_paged_cache(const StridedView<const T> &key, const StridedView<const T> &value,
                        const StridedView<T> &key_cache, const StridedView<T> &value_cache,
                        const StridedView<const int64_t> &slot_mapping);
+
+// Rotary position embeddings (RoPE), as vLLM's rotary_embedding op applies them before the
+// attention and the cache write: query [T, H, d] and key [T, Hkv, d] rotated in place, token t at
+// position positions[t] (int64 [T]). The first rotary_dim features (even; 0: all d) rotate in
+// pairs, rotate_half (Llama, NeoX: feature i with i + rotary_dim / 2) or interleaved (GPT-J: 2i
+// with 2i + 1), by the angle position · theta^(-2i / rotary_dim), computed in f32 as transformers
+// computes it; or by caller-given tables cos and sin [max_position, rotary_dim / 2] (f32; scaled
+// variants such as YaRN's give them). 16-bit elements are rounded once. Any strides. Bad
+// arguments raise mha::Error naming the argument, before anything is written.
+enum class RotaryStyle { rotate_half, interleaved };
+struct RotaryOptions {
+    RotaryStyle style = RotaryStyle::rotate_half;
+    int64_t rotary_dim = 0;
+    float theta = 10000;
+    std::optional<StridedView<const float>> cos, sin;
+};
+template <typename T>
+void rotary_embedding(const StridedView<T> &query, const StridedView<T> &key,
+                      const StridedView<const int64_t> &positions,
+                      const RotaryOptions &options = {});
 
 // The blocks of one paged cache given to sequences, and the tables paged_attention reads: a
 // fixed pool of num_blocks blocks of block_size slots, max_sequences rows of up to

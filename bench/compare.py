@@ -145,8 +145,12 @@ def one_round(args, groups, env, label):
                 *dims, kv_heads = shape
                 times[("torch decode", shape, t)] = torch_peer.measure_decode(
                     *dims, t, args.min_time, kv_heads=kv_heads)
-                # ONNX Runtime's MultiHeadAttention and our Python module have no grouped heads.
-                if kv_heads == dims[3]:
+                # ONNX Runtime: MultiHeadAttention, or GroupQueryAttention over grouped heads.
+                # Our Python module has no grouped heads.
+                if kv_heads != dims[3]:
+                    times[("ort decode", shape, t)] = ort_peer.measure_decode_gqa(
+                        *dims, kv_heads, t, args.min_time)
+                else:
                     times[("ort decode", shape, t)] = ort_peer.measure_decode(*dims, t,
                                                                               args.min_time)
                     times[("python decode", shape, t)] = python_peer.measure_decode(

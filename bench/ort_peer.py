@@ -1,7 +1,8 @@
 """ONNX Runtime peers: the forward pass as com.microsoft Attention (self-attention; its fused
 QKV projection included) or MultiHeadAttention (cross-attention, projections by MatMul) plus the
 output projection (MatMul + Add); a decode step as MultiHeadAttention with past key and value
-(ORT appends the new token's and returns the present ones). f32 (the forward pass in f16 too),
+(ORT appends the new token's and returns the present ones), or with grouped heads as
+GroupQueryAttention over a cache that past and present share. f32 (the forward pass in f16 too),
 CPU execution provider, intra-op threads as given. Graphs are built with the onnx package from
 random weights."""
 
@@ -99,6 +100,52 @@ def measure_decode(batch, cached, E, H, threads, min_time_s=0.3):
              "past_key": rng.uniform(-1, 1, past).astype(np.float32),
              "past_value": rng.uniform(-1, 1, past).astype(np.float32)}
     return median_ms(lambda: session.run(["output"], feeds), min_time_s)
+
+
+def measure_decode_gqa(batch, cached, E, H, kv_heads, threads, min_time_s=0.3):
+    """Median milliseconds of one ORT decode step as com.microsoft GroupQueryAttention, `kv_heads`
+    key/value heads, over a preallocated cache of cached + 1 positions that past and present
+    share (IO binding: the new token's key and value written in place, as ORT's GQA serves)."""
+    d = E // H
+    rng = np.random.default_rng(0)
+    w = _weights(E, rng)
+    f32 = TensorProto.FLOAT
+    nodes, inits = [], []
+    for name, width in (("q", E), ("k", kv_heads * d), ("v", kv_heads * d)):
+        inits += [numpy_helper.from_array(w(E, width), f"w_{name}"),
+                  numpy_helper.from_array(w(width), f"b_{name}")]
+        nodes += [helper.make_node("MatMul", ["token", f"w_{name}"], [f"{name}_raw"]),
+                  helper.make_node("Add", [f"{name}_raw", f"b_{name}"], [name])]
+    nodes.append(helper.make_node(
+        "GroupQueryAttention",
+        ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
+        ["context", "present_key", "present_value"], domain="com.microsoft", num_heads=H,
+        kv_num_heads=kv_heads))
+    _output_projection(nodes, inits, "context", E, w)
+    cache = [batch, kv_heads, cached + 1, d]
+    i32 = TensorProto.INT32
+    graph = helper.make_graph(
+        nodes, "decode_gqa",
+        [helper.make_tensor_value_info("token", f32, [batch, 1, E]),
+         helper.make_tensor_value_info("past_key", f32, cache),
+         helper.make_tensor_value_info("past_value", f32, cache),
+         helper.make_tensor_value_info("seqlens_k", i32, [batch]),
+         helper.make_tensor_value_info("total_sequence_length", i32, [])],
+        [helper.make_tensor_value_info("output", f32, [batch, 1, E]),
+         helper.make_tensor_value_info("present_key", f32, cache),
+         helper.make_tensor_value_info("present_value", f32, cache)], inits)
+    session = _session(graph, threads)
+    key, value = (ort.OrtValue.ortvalue_from_numpy(rng.uniform(-1, 1, cache).astype(np.float32))
+                  for _ in range(2))
+    binding = session.io_binding()
+    binding.bind_cpu_input("token", rng.uniform(-1, 1, (batch, 1, E)).astype(np.float32))
+    binding.bind_cpu_input("seqlens_k", np.full(batch, cached, np.int32))
+    binding.bind_cpu_input("total_sequence_length", np.array(cached + 1, np.int32))
+    for name, buffer in (("key", key), ("value", value)):
+        binding.bind_ortvalue_input(f"past_{name}", buffer)
+        binding.bind_ortvalue_output(f"present_{name}", buffer)
+    binding.bind_output("output")
+    return median_ms(lambda: session.run_with_iobinding(binding), min_time_s)
 
 
 def call_overhead_ms(threads, min_time_s=0.2):

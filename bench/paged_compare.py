@@ -9,13 +9,11 @@ preallocated [B, Hkv, longest, d] cache with a boolean padding mask ("padded"), 
 blocks gathered per call from the pool ("gathered", what an engine without a paged kernel does).
 The floor: the cache bytes the step must read at the streaming read measured in the same run.
 """
-import argparse
-
 import torch
 import torch.nn.functional as F
 
 import mha
-from sdpa_compare import ceilings, interleaved, table
+from sdpa_compare import interleaved, run_tables
 
 H, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 SHAPES = [(1, 512), (1, 2048), (1, 8192), (4, 2048), (8, 1024)]
@@ -36,7 +34,8 @@ def paged_problem(batch, keys, dtype):
     return lengths, table_, key_cache, value_cache
 
 
-def rows(args, stream_gbs):
+def rows(args, rates):
+    stream_gbs = rates["streaming read GB/s"]
     out = []
     for dtype in (torch.float32, torch.bfloat16):
         for batch, keys in SHAPES:
@@ -77,27 +76,9 @@ def rows(args, stream_gbs):
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--min-time", type=float, default=0.2)
-    ap.add_argument("--out", help="also write the tables here")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    mha.set_num_threads(args.threads)
-    rates = ceilings(args)
-    stream_gbs = dict(rates)["streaming read GB/s"]
-    text = ("Ceilings, measured in this run:\n\n" + table(["what", "rate"], rates) + "\n\n" +
-            f"Paged decode steps, H {H} over {KV_HEADS} KV heads, d {HEAD_DIM}, blocks of {BLOCK} "
-            f"({args.threads} threads, medians of {args.rounds} interleaved rounds):\n\n" +
-            table(["dtype", "B", "keys", "ours ms", "floor ms", "× floor", "padded ms",
-                   "× padded", "gathered ms", "× gathered"], rows(args, stream_gbs)) + "\n")
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
-
-
 if __name__ == "__main__":
-    main()
+    run_tables(__doc__.split("\n\n")[0],
+               lambda args: f"Paged decode steps, H {H} over {KV_HEADS} KV heads, d {HEAD_DIM}, "
+                            f"blocks of {BLOCK}",
+               ["dtype", "B", "keys", "ours ms", "floor ms", "× floor", "padded ms", "× padded",
+                "gathered ms", "× gathered"], rows)

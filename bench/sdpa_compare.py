@@ -144,6 +144,27 @@ def table(header, rows):
     return "\n".join(lines)
 
 
+def run_tables(description, caption, header, rows_of, rounds=5):
+    """The main of a benchmark of one table: options (--threads, --rounds, --min-time, --out), the
+    ceilings measured first, then rows_of(args, {ceiling: rate}) under "caption(args):"."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--min-time", type=float, default=0.2)
+    ap.add_argument("--out", help="also write the tables here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    mha.set_num_threads(args.threads)
+    rates = ceilings(args)
+    text = ("Ceilings, measured in this run:\n\n" + table(["what", "rate"], rates) + "\n\n" +
+            caption(args) + f" ({args.threads} threads, medians of {args.rounds} interleaved "
+            "rounds):\n\n" + table(header, rows_of(args, dict(rates))) + "\n")
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)

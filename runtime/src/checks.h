@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -108,6 +109,32 @@ void check_view(const char *name, const TensorView<T> &t, size_t rank, const cha
                                 shape_string(t.shape), kMaxBufferBytes));
     }
     check_data(name, t);
+}
+
+// A host view of `rank` dimensions (its strides as many, or none), with data: the plain loops'
+// check (write_paged_cache, rotary_embedding), layout naming the dimensions.
+template <typename T>
+void check_rank(const char *name, const StridedView<T> &view, size_t rank, const char *layout) {
+    if (view.data == nullptr) {
+        throw Error(fmt::format("{} has a null data pointer", name));
+    }
+    if (view.shape.size() != rank || (!view.strides.empty() && view.strides.size() != rank)) {
+        throw Error(
+            fmt::format("{} has shape {} but must be {}", name, shape_string(view.shape), layout));
+    }
+}
+
+// A view's strides, outermost first: its own, or row-major ones when it has none (rank <= 4, as
+// check_rank checks first).
+template <typename T>
+std::array<int64_t, 4> strides_of(const StridedView<T> &view) {
+    std::array<int64_t, 4> strides{};
+    int64_t row_major = 1;
+    for (size_t d = view.shape.size(); d-- > 0;) {
+        strides[d] = view.strides.empty() ? row_major : view.strides[d];
+        row_major *= view.shape[d];
+    }
+    return strides;
 }
 
 }  // namespace mha::detail

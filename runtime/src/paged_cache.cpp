@@ -9,44 +9,16 @@
 #include "mha/mha.h"
 
 namespace mha {
-namespace {
-
-// A view's strides, outermost first: its own, or row-major ones when it has none (rank <= 4, as
-// check_rank checks first).
-template <typename T>
-std::array<int64_t, 4> strides_of(const StridedView<T> &view) {
-    std::array<int64_t, 4> strides{};
-    int64_t row_major = 1;
-    for (size_t d = view.shape.size(); d-- > 0;) {
-        strides[d] = view.strides.empty() ? row_major : view.strides[d];
-        row_major *= view.shape[d];
-    }
-    return strides;
-}
-
-template <typename T>
-void check_rank(const char *name, const StridedView<T> &view, size_t rank, const char *layout) {
-    if (view.data == nullptr) {
-        throw Error(fmt::format("{} has a null data pointer", name));
-    }
-    if (view.shape.size() != rank || (!view.strides.empty() && view.strides.size() != rank)) {
-        throw Error(fmt::format("{} has shape {} but must be {}", name,
-                                detail::shape_string(view.shape), layout));
-    }
-}
-
-}  // namespace
-
 template <typename T>
 void write_paged_cache(const StridedView<const T> &key, const StridedView<const T> &value,
                        const StridedView<T> &key_cache, const StridedView<T> &value_cache,
                        const StridedView<const int64_t> &slot_mapping) {
-    check_rank("key", key, 3, "[tokens, kv_heads, features]");
-    check_rank("value", value, 3, "[tokens, kv_heads, features]");
+    detail::check_rank("key", key, 3, "[tokens, kv_heads, features]");
+    detail::check_rank("value", value, 3, "[tokens, kv_heads, features]");
     const char *pages = "[num_blocks, block_size, kv_heads, features]";
-    check_rank("key_cache", key_cache, 4, pages);
-    check_rank("value_cache", value_cache, 4, pages);
-    check_rank("slot_mapping", slot_mapping, 1, "[tokens]");
+    detail::check_rank("key_cache", key_cache, 4, pages);
+    detail::check_rank("value_cache", value_cache, 4, pages);
+    detail::check_rank("slot_mapping", slot_mapping, 1, "[tokens]");
     const int64_t tokens = key.shape[0], slots = key_cache.shape[0] * key_cache.shape[1];
     const std::array<std::pair<const char *, bool>, 4> agree = {{
         {"value", value.shape[0] == tokens && value.shape[1] == key.shape[1]},
@@ -66,7 +38,7 @@ void write_paged_cache(const StridedView<const T> &key, const StridedView<const 
         }
     }
     const int64_t block_size = key_cache.shape[1];
-    const int64_t slot_stride = strides_of(slot_mapping)[0];
+    const int64_t slot_stride = detail::strides_of(slot_mapping)[0];
     for (int64_t t = 0; t < tokens; t++) {
         const int64_t slot = slot_mapping.data[t * slot_stride];
         if (slot >= slots) {
@@ -75,7 +47,7 @@ void write_paged_cache(const StridedView<const T> &key, const StridedView<const 
         }
     }
     const auto copy = [&](const StridedView<const T> &from, const StridedView<T> &to) {
-        const std::array<int64_t, 4> in = strides_of(from), out = strides_of(to);
+        const std::array<int64_t, 4> in = detail::strides_of(from), out = detail::strides_of(to);
         for (int64_t t = 0; t < tokens; t++) {
             const int64_t slot = slot_mapping.data[t * slot_stride];
             if (slot < 0) {

@@ -12,22 +12,6 @@
 namespace mha {
 namespace {
 
-// A [tokens, heads, features] view's strides (row-major when it has none), checked for rank.
-template <typename T>
-std::array<int64_t, 3> token_strides(const char *name, const StridedView<T> &view) {
-    if (view.data == nullptr) {
-        throw Error(fmt::format("{} has a null data pointer", name));
-    }
-    if (view.shape.size() != 3 || (!view.strides.empty() && view.strides.size() != 3)) {
-        throw Error(fmt::format("{} has shape {} but must be [tokens, heads, features]", name,
-                                detail::shape_string(view.shape)));
-    }
-    if (view.strides.empty()) {
-        return {view.shape[1] * view.shape[2], view.shape[2], 1};
-    }
-    return {view.strides[0], view.strides[1], view.strides[2]};
-}
-
 // Rotates the pairs of one token's heads by angle (cos c, sin s): feature `first` with `second`.
 template <typename T>
 void rotate_pair(T *token, int64_t heads, int64_t head_stride, int64_t first, int64_t second,
@@ -49,14 +33,12 @@ void rotate_pair(T *token, int64_t heads, int64_t head_stride, int64_t first, in
 template <typename T>
 void rotary_embedding(const StridedView<T> &query, const StridedView<T> &key,
                       const StridedView<const int64_t> &positions, const RotaryOptions &options) {
-    const std::array<int64_t, 3> qs = token_strides("query", query);
-    const std::array<int64_t, 3> ks = token_strides("key", key);
-    if (positions.data == nullptr || positions.shape.size() != 1) {
-        throw Error(fmt::format("positions has shape {} but must be [tokens]",
-                                detail::shape_string(positions.shape)));
-    }
+    detail::check_rank("query", query, 3, "[tokens, heads, features]");
+    detail::check_rank("key", key, 3, "[tokens, heads, features]");
+    detail::check_rank("positions", positions, 1, "[tokens]");
+    const std::array<int64_t, 4> qs = detail::strides_of(query), ks = detail::strides_of(key);
     const int64_t tokens = query.shape[0], d = query.shape[2];
-    const int64_t position_stride = positions.strides.empty() ? 1 : positions.strides[0];
+    const int64_t position_stride = detail::strides_of(positions)[0];
     if (key.shape[0] != tokens || positions.shape[0] != tokens) {
         throw Error(
             fmt::format("query, key and positions have {}, {} and {} tokens: they must "

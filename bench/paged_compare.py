@@ -19,7 +19,7 @@ H, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 SHAPES = [(1, 512), (1, 2048), (1, 8192), (4, 2048), (8, 1024)]
 
 
-def paged_problem(batch, keys, dtype):
+def paged_problem(batch, keys, dtype, kv_heads=KV_HEADS):
     lengths = [max(1, int(keys * (0.5 + b / max(1, batch - 1)))) if batch > 1 else keys
                for b in range(batch)]
     blocks = [-(-n // BLOCK) for n in lengths]
@@ -29,7 +29,7 @@ def paged_problem(batch, keys, dtype):
     for b, n in enumerate(blocks):
         table_[b, :n] = pool[start:start + n]
         start += n
-    shape = (sum(blocks), BLOCK, KV_HEADS, HEAD_DIM)
+    shape = (sum(blocks), BLOCK, kv_heads, HEAD_DIM)
     key_cache, value_cache = torch.randn(shape).to(dtype), torch.randn(shape).to(dtype)
     return lengths, table_, key_cache, value_cache
 

@@ -28,7 +28,7 @@ def _check(name: str, tensor: Tensor, dtype: torch.dtype) -> None:
 @torch.library.custom_op("mha::paged_attention", mutates_args=())
 def _paged_op(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
               cache_seqlens: Tensor, scale: Optional[float], window_left: int, softcap: float,
-              alibi_slopes: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+              alibi_slopes: Optional[Tensor], num_splits: int) -> tuple[Tensor, Tensor]:
     """query [B, 1, H, d] -> (output [B, 1, H, dv], lse [B, H, 1])."""
     output = torch.empty(*query.shape[:-1], value_cache.shape[-1], dtype=query.dtype)
     lse = torch.empty(query.shape[0], query.shape[2], 1, dtype=torch.float32)
@@ -38,13 +38,13 @@ def _paged_op(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table
                          softcap=softcap,
                          alibi_slopes=None if alibi_slopes is None
                          else _array(alibi_slopes.to(torch.float32)),
-                         lse=_array(lse))
+                         lse=_array(lse), num_splits=num_splits)
     return output, lse
 
 
 @_paged_op.register_fake
 def _(query, key_cache, value_cache, block_table, cache_seqlens, scale, window_left, softcap,
-      alibi_slopes):
+      alibi_slopes, num_splits):
     return (query.new_empty(*query.shape[:-1], value_cache.shape[-1]),
             query.new_empty(query.shape[0], query.shape[2], 1, dtype=torch.float32))
 
@@ -52,14 +52,17 @@ def _(query, key_cache, value_cache, block_table, cache_seqlens, scale, window_l
 def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
                     cache_seqlens: Tensor, *, scale: Optional[float] = None,
                     window: Optional[int] = None, softcap: Optional[float] = None,
-                    alibi_slopes: Optional[Tensor] = None, return_lse: bool = False):
+                    alibi_slopes: Optional[Tensor] = None, num_splits: int = 0,
+                    return_lse: bool = False):
     """One new token per sequence over its paged cache, as ``flash_attn_with_kvcache`` with a
     ``block_table``: query [B, 1, H, d] -> output [B, 1, H, dv], H a multiple of Hkv, the query
     the last of its sequence's ``cache_seqlens[b]`` keys (write its key and value first, with
     ``write_paged_cache``). ``window``: the keys at most that many positions before it (-1 or
     None: all); ``softcap`` and ``alibi_slopes`` [H] as ``mha.scaled_dot_product_attention``
-    takes them; ``return_lse`` returns ``(output, lse)``, lse [B, H, 1] in float32. A sequence of
-    no keys gets zeros."""
+    takes them; ``num_splits`` as ``flash_attn_with_kvcache``'s (each sequence's keys in that
+    many splits run as tasks of their own, merged by log-sum-exp; 0 chooses from the threads;
+    a window or ALiBi runs one); ``return_lse`` returns ``(output, lse)``, lse [B, H, 1] in
+    float32. A sequence of no keys gets zeros."""
     if query.dtype not in _DTYPES:
         raise TypeError(f"query is {query.dtype}: mha computes in float32, bfloat16 or float16")
     for name, tensor in (("query", query), ("key_cache", key_cache),
@@ -70,7 +73,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     output, lse = _paged_op(query, key_cache, value_cache, block_table, cache_seqlens,
                             None if scale is None else float(scale),
                             -1 if window is None else int(window),
-                            0.0 if softcap is None else float(softcap), alibi_slopes)
+                            0.0 if softcap is None else float(softcap), alibi_slopes,
+                            int(num_splits))
     return (output, lse) if return_lse else output
 
 

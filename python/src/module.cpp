@@ -265,12 +265,13 @@ NB_MODULE(_mha, m) {
            const StridedArray &value_cache, const StridedArray &block_table,
            const StridedArray &sequence_lengths, const StridedArray &output,
            const std::string &dtype, std::optional<float> scale, int64_t window_left, float softcap,
-           const std::optional<StridedArray> &alibi_slopes,
-           const std::optional<StridedArray> &lse) {
+           const std::optional<StridedArray> &alibi_slopes, const std::optional<StridedArray> &lse,
+           int num_splits) {
             check_int_array<int32_t>("block_table", block_table);
             check_int_array<int32_t>("sequence_lengths", sequence_lengths);
-            const mha::AttentionOptions options = attention_options(
-                std::nullopt, scale, 0, window_left, -1, softcap, alibi_slopes, lse);
+            mha::AttentionOptions options = attention_options(std::nullopt, scale, 0, window_left,
+                                                              -1, softcap, alibi_slopes, lse);
+            options.num_splits = num_splits;
             with_elements(dtype, {&query, &key_cache, &value_cache, &output}, [&](auto element) {
                 using T = decltype(element);
                 const mha::PagedKvCache<T> cache{
@@ -284,7 +285,7 @@ NB_MODULE(_mha, m) {
         nb::arg("sequence_lengths"), nb::arg("output"), nb::arg("dtype"),
         nb::arg("scale").none() = nb::none(), nb::arg("window_left") = -1,
         nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes").none() = nb::none(),
-        nb::arg("lse").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::arg("num_splits") = 0,
         "mha::paged_attention: query [B, 1, H, d], key_cache [blocks, block_size, Hkv, d], "
         "value_cache [blocks, block_size, Hkv, dv], block_table [B, max_blocks] int32, "
         "sequence_lengths [B] int32 -> output [B, 1, H, dv].");

@@ -79,6 +79,22 @@ def test_lse_and_an_empty_sequence(seed):
                                atol=1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 5])
+def test_splits_merge_to_the_same_output_and_lse(seed, num_splits):
+    lengths = [300, 1, 77]
+    tables, key_cache, value_cache, keys, values = paged_problem(lengths, 4, 1, 32, 16,
+                                                                 torch.float32)
+    query = torch.randn(3, 1, 4, 32)
+    out, lse = mha.paged_attention(query, key_cache, value_cache,
+                                   torch.tensor(tables.block_table),
+                                   torch.tensor(tables.sequence_lengths), num_splits=num_splits,
+                                   return_lse=True)
+    assert relative_error(out, reference(query, keys, values)) < 1e-5
+    scores = torch.einsum("hd,jhd->hj", query[0, 0].double(), keys[0].double()) / 32 ** 0.5
+    torch.testing.assert_close(lse[0, :, 0].double(), torch.logsumexp(scores, -1), rtol=1e-5,
+                               atol=1e-5)
+
+
 def test_write_skips_padding_slots_and_checks_the_rest():
     key_cache, value_cache = torch.zeros(2, 4, 1, 3), torch.zeros(2, 4, 1, 3)
     key = torch.arange(6.0).reshape(2, 1, 3)

@@ -3,7 +3,9 @@
 // rows, else converted through scratch memory, and the kernel run.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "dtype.h"
 #include "halide_calls.h"
 #include "mha/mha.h"
+#include "thread_pool.h"
 
 namespace mha {
 namespace detail {
@@ -168,14 +171,14 @@ StridedView<void> erased(const StridedView<T> &t) {
 }
 
 // What every attention kernel takes alike: the context (the caller's output, or scratch that
-// finish() converts into it), the lse, the scale, the window, the softcap and ALiBi slopes (zeros
-// when the call has none), each read by the kernels whose variant takes it.
+// finish() converts into it), the lse (`lse` where p has one), the scale, the window, the softcap
+// and ALiBi slopes (zeros when the call has none), each read by the kernels whose variant takes it.
 template <typename T>
 class CoreArguments {
 public:
-    CoreArguments(const AttentionParams &p, const AttentionOptions &options, T *output)
+    CoreArguments(const AttentionParams &p, const AttentionOptions &options, T *output, float *lse)
         : out_(output, p.output),
-          lse_(p.has_lse ? options.lse->data : nullptr,
+          lse_(p.has_lse ? lse : nullptr,
                p.has_lse ? p.lse : Strided{{p.batch, p.heads, p.query_len}, {}, 3}),
           out_buffer_(out_.buffer()),
           lse_buffer_(lse_.buffer()),
@@ -228,7 +231,7 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
     const DType reads = kernel.variant.dtype;
     const KernelInput q(query.data, p.query, reads), k(key.data, p.key, reads),
         v(value.data, p.value, reads);
-    CoreArguments<T> core(p, options, output.data);
+    CoreArguments<T> core(p, options, output.data, options.lse ? options.lse->data : nullptr);
     HostBuffer q_buffer = q.buffer(), k_buffer = k.buffer(), v_buffer = v.buffer();
     ArgValues values{};
     values[size_t(ArgId::q)] = q_buffer.raw_buffer();
@@ -257,28 +260,159 @@ HostBuffer in_place(const T *data, const Strided &s) {
                        s.strides.data());
 }
 
-template <typename T>
-void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
-                         const StridedView<T> &output, const AttentionOptions &options) {
-    install_runtime_hooks();
-    const PagedParams p = check_paged_attention(query, cache, output, options);
+// One call of the paged kernel: p's query and cache (block table and lengths given apart, so
+// that a split step passes its own), the context into `output` (of T, or f32 scratch) and the
+// lse into `lse` where p has one.
+template <typename T, typename Out>
+void call_paged_kernel(const PagedParams &p, const T *query, const PagedKvCache<T> &cache,
+                       const int32_t *block_table, const int32_t *lengths, Out *output, float *lse,
+                       const AttentionOptions &options) {
     const CompiledKernel &kernel = select_kernel(p);
-    CoreArguments<T> core(p.attention, options, output.data);
-    HostBuffer q = in_place(query.data, p.attention.query);
+    CoreArguments<Out> core(p.attention, options, output, lse);
+    HostBuffer q = in_place(query, p.attention.query);
     HostBuffer keys = in_place(cache.key_cache.data, p.key_cache);
     HostBuffer values_buffer = in_place(cache.value_cache.data, p.value_cache);
-    HostBuffer table = in_place(cache.block_table.data, p.block_table);
-    HostBuffer lengths = in_place(cache.sequence_lengths.data, p.sequence_lengths);
+    HostBuffer table = in_place(block_table, p.block_table);
+    HostBuffer sequence_lengths = in_place(lengths, p.sequence_lengths);
     ArgValues values{};
     values[size_t(ArgId::q)] = q.raw_buffer();
     values[size_t(ArgId::key_pages)] = keys.raw_buffer();
     values[size_t(ArgId::value_pages)] = values_buffer.raw_buffer();
     values[size_t(ArgId::block_table)] = table.raw_buffer();
-    values[size_t(ArgId::sequence_lengths)] = lengths.raw_buffer();
+    values[size_t(ArgId::sequence_lengths)] = sequence_lengths.raw_buffer();
     core.set(values);
     CallContext context;
     call_kernel(kernel, context, values);
     core.finish();
+}
+
+// The blocks of a paged step's longest sequence.
+template <typename T>
+int64_t longest_sequence_blocks(const PagedParams &p, const PagedKvCache<T> &cache) {
+    int64_t longest = 0;
+    for (int64_t b = 0; b < p.attention.batch; b++) {
+        longest = std::max<int64_t>(longest,
+                                    cache.sequence_lengths.data[b * p.sequence_lengths.strides[0]]);
+    }
+    return (longest + p.block_size - 1) / p.block_size;
+}
+
+// The splits of a paged step's keys: the caller's, or where its tasks (batch rows x key/value
+// heads) are too few for the threads, key_splits' of the longest sequence, of at least 256 keys
+// each; at most one per block. A window or ALiBi (whose offsets count from each split's own last
+// key) runs one.
+template <typename T>
+int64_t paged_splits(const PagedParams &p, const PagedKvCache<T> &cache,
+                     const AttentionOptions &options) {
+    if (options.window_left >= 0 || options.alibi_slopes) {
+        return 1;
+    }
+    const int64_t blocks = std::max<int64_t>(1, longest_sequence_blocks(p, cache));
+    if (options.num_splits > 0) {
+        return std::min<int64_t>(options.num_splits, blocks);
+    }
+    constexpr int64_t kMinSplitKeys = 256;
+    const int64_t splits =
+        key_splits(p.attention.batch * p.attention.kv_heads, blocks * p.block_size, pool_threads(),
+                   std::max<int64_t>(kMinSplitKeys, p.block_size));
+    return std::min(splits, blocks);
+}
+
+// A step in `splits` splits per sequence: split s of sequence b is row b·splits + s of a batch
+// of its own, whose block table row is the sequence's blocks [s·n, (s + 1)·n) (n: the longest
+// sequence's blocks over the splits) and whose query is b's. Each row's context (f32) and
+// log-sum-exp come back, merged per sequence and head weighed by exp(lse - the largest lse),
+// exact with one split; a split of no keys weighs 0.
+template <typename T>
+void run_split_paged_attention(const PagedParams &p, const StridedView<const T> &query,
+                               const PagedKvCache<T> &cache, const StridedView<T> &output,
+                               const AttentionOptions &options, int64_t splits) {
+    const AttentionParams &a = p.attention;
+    const int64_t B = a.batch, H = a.heads, d = a.head_dim, dv = a.value_dim;
+    const int64_t bs = p.block_size, rows = B * splits;
+    const int64_t split_blocks = (longest_sequence_blocks(p, cache) + splits - 1) / splits;
+    Scratch<T> queries(rows * H * d);
+    Scratch<int32_t> tables(rows * split_blocks), lengths(rows);
+    ScratchFloats contexts(rows * H * dv), lses(rows * H);
+    const Strided &q = a.query, &table = p.block_table;  // q viewed as [B, H, 1, d]
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t length = cache.sequence_lengths.data[b * p.sequence_lengths.strides[0]];
+        for (int64_t s = 0; s < splits; s++) {
+            const int64_t r = b * splits + s, first = s * split_blocks * bs;
+            lengths.data()[r] = int32_t(std::clamp<int64_t>(length - first, 0, split_blocks * bs));
+            for (int64_t n = 0; n < split_blocks; n++) {
+                const int64_t entry = s * split_blocks + n;
+                tables.data()[r * split_blocks + n] =
+                    first + n * bs < length
+                        ? cache.block_table.data[b * table.strides[0] + entry * table.strides[1]]
+                        : 0;
+            }
+            for (int64_t h = 0; h < H; h++) {
+                std::copy_n(query.data + b * q.strides[0] + h * q.strides[1], d,
+                            queries.data() + (r * H + h) * d);
+            }
+        }
+    }
+    PagedParams split = p;
+    AttentionParams &sa = split.attention;
+    sa.batch = rows;
+    sa.key_len = split_blocks * bs;
+    sa.window_start = int32_t(-sa.key_len);
+    sa.query = {{rows, H, 1, d}, {H * d, d, d, 1}, 4};
+    sa.output = {{rows, H, 1, dv}, {H * dv, dv, dv, 1}, 4};
+    sa.has_lse = true;
+    sa.lse = {{rows, H, 1}, {H, 1, 1}, 3};
+    split.block_table = {{rows, split_blocks}, {split_blocks, 1}, 2};
+    split.sequence_lengths = {{rows}, {1}, 1};
+    call_paged_kernel(split, queries.data(), cache, tables.data(), lengths.data(), contexts.data(),
+                      lses.data(), options);
+    const Strided &out = a.output;  // [B, H, 1, dv]
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t h = 0; h < H; h++) {
+            const auto split_lse = [&](int64_t s) {
+                return lses.data()[(b * splits + s) * H + h];
+            };
+            float largest = -std::numeric_limits<float>::infinity();
+            for (int64_t s = 0; s < splits; s++) {
+                largest = std::max(largest, split_lse(s));
+            }
+            // Split 0's row accumulates the others' (a split of no keys has a zero context).
+            float *merged = contexts.data() + (b * splits * H + h) * dv;
+            float total = 0;
+            for (int64_t s = 0; s < splits; s++) {
+                const float weight = largest == -std::numeric_limits<float>::infinity()
+                                         ? 0.0f
+                                         : std::exp(split_lse(s) - largest);
+                const float *context = contexts.data() + ((b * splits + s) * H + h) * dv;
+                for (int64_t c = 0; c < dv; c++) {
+                    merged[c] = s == 0 ? weight * context[c] : merged[c] + weight * context[c];
+                }
+                total += weight;
+            }
+            T *target = output.data + b * out.strides[0] + h * out.strides[1];
+            for (int64_t c = 0; c < dv; c++) {
+                target[c * out.strides[3]] = narrow<T>(total > 0 ? merged[c] / total : 0.0f);
+            }
+            if (a.has_lse) {
+                options.lse->data[b * a.lse.strides[0] + h * a.lse.strides[1]] =
+                    largest + std::log(total);
+            }
+        }
+    }
+}
+
+template <typename T>
+void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
+                         const StridedView<T> &output, const AttentionOptions &options) {
+    install_runtime_hooks();
+    const PagedParams p = check_paged_attention(query, cache, output, options);
+    const int64_t splits = paged_splits(p, cache, options);
+    if (splits > 1) {
+        run_split_paged_attention(p, query, cache, output, options, splits);
+        return;
+    }
+    call_paged_kernel(p, query.data, cache, cache.block_table.data, cache.sequence_lengths.data,
+                      output.data, options.lse ? options.lse->data : nullptr, options);
 }
 
 // Rows [first, first + count) of a packed [total, heads, features] view, as the [1, heads,

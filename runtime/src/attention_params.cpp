@@ -121,6 +121,9 @@ void check_score_options(AttentionParams &p, const AttentionOptions &options) {
         throw Error(fmt::format("softcap {} must be finite and >= 0 (0: none)", options.softcap));
     }
     p.softcap = options.softcap;
+    if (options.num_splits < 0) {
+        throw Error(fmt::format("num_splits {} must be >= 0 (0: chosen)", options.num_splits));
+    }
     if (options.alibi_slopes) {
         p.alibi_slopes =
             checked("alibi_slopes", *options.alibi_slopes, 1, "[heads]", sizeof(float));
@@ -177,6 +180,10 @@ AttentionParams check_attention(const StridedView<const void> &query,
                                 shape_string(output.shape), shape_string(out)));
     }
     check_score_options(p, options);
+    if (options.num_splits != 0) {
+        throw Error(fmt::format("num_splits {} is paged_attention's: other calls take 0",
+                                options.num_splits));
+    }
     if (options.mask) {
         p.mask = attention_mask(*options.mask, p.scores_shape());
     }

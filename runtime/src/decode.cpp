@@ -89,19 +89,9 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
 }
 
 // Keys per task of a step over `keys` cached keys (a multiple of kCacheKeyTile) whose batch rows
-// and key/value heads make `tasks`: the whole cache where the tasks keep `threads` busy, else
-// the fewest splits that give every thread work and as many tasks each (or at least 4 tasks
-// each), of at least kMinSplitKeys keys. A split costs a pass over its rows' contexts to merge.
+// and key/value heads make `tasks` (key_splits), whole key tiles of at least two each.
 int64_t split_keys(int64_t tasks, int64_t keys, int threads) {
-    constexpr int64_t kMinSplitKeys = 2 * contract::kCacheKeyTile;
-    const int64_t most = std::max<int64_t>(1, keys / kMinSplitKeys);
-    int64_t splits = 1;
-    for (; splits < most; splits++) {
-        const int64_t total = tasks * splits;
-        if (total >= threads && (total % threads == 0 || total >= 4 * threads)) {
-            break;
-        }
-    }
+    const int64_t splits = key_splits(tasks, keys, threads, 2 * contract::kCacheKeyTile);
     return contract::round_up((keys + splits - 1) / splits, contract::kCacheKeyTile);
 }
 

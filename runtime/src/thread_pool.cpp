@@ -182,4 +182,16 @@ void set_pool_threads(int threads) { pool().set_threads(threads); }
 
 int pool_threads() { return pool().threads(); }
 
+int64_t key_splits(int64_t tasks, int64_t keys, int threads, int64_t min_split_keys) {
+    const int64_t most = std::max<int64_t>(1, keys / min_split_keys);
+    int64_t splits = 1;
+    for (; splits < most; splits++) {
+        const int64_t total = tasks * splits;
+        if (total >= threads && (total % threads == 0 || total >= 4 * threads)) {
+            break;
+        }
+    }
+    return splits;
+}
+
 }  // namespace mha::detail

@@ -15,6 +15,7 @@
 #include <HalideRuntime.h>
 
 #include <chrono>
+#include <cstdint>
 
 namespace mha::detail {
 
@@ -28,5 +29,11 @@ int pool_par_for(void *user_context, halide_task_t task, int min, int extent, ui
 // one per core. Takes effect from the next parallel loop.
 void set_pool_threads(int threads);
 int pool_threads();
+
+// How many splits of its `keys` keys a step over a cache runs as tasks of their own, when its
+// batch rows and key/value heads make `tasks`: one where those keep `threads` busy, else the
+// fewest that give every thread work and as many tasks each (or at least 4 each), each split
+// of at least `min_split_keys` keys. A split costs a pass over its rows' contexts to merge.
+int64_t key_splits(int64_t tasks, int64_t keys, int threads, int64_t min_split_keys);
 
 }  // namespace mha::detail

@@ -104,6 +104,9 @@ public:
         }
     }
 
+    // Each sequence's keys in `splits` splits in run() without options.
+    void split_keys(int splits) { lse_options_.num_splits = splits; }
+
     // With the lse, and the options `options` gives (none: nothing allocated here).
     void run(std::optional<mha::AttentionOptions> options = std::nullopt) {
         if (!options) {
@@ -206,6 +209,7 @@ struct PagedCase {
     int64_t window_left = -1;
     double softcap = 0;
     bool alibi = false;
+    int num_splits = 0;  // 0: chosen; a window or ALiBi runs one whatever is asked
 };
 const PagedCase kPagedCases[] = {
     {"one_sequence_d_64", 4, 4, 64, 64, 16, {100}},
@@ -215,6 +219,12 @@ const PagedCase kPagedCases[] = {
     {"window_d_80", 6, 3, 80, 80, 32, {200, 33, 5}, 50},
     {"softcap_alibi_d_96_groups_of_6", 12, 2, 96, 96, 16, {77, 150}, -1, 5.0, true},
     {"everything_d_72", 4, 2, 72, 72, 32, {90, 1, 260}, 40, 2.0, true},
+    // Keys in splits merged by their log-sum-exp: splits of no keys, sequences shorter than one
+    // split, more splits asked than blocks.
+    {"3_splits_ragged_d_64", 8, 2, 64, 64, 16, {300, 0, 45, 129, 1}, -1, 0, false, 3},
+    {"5_splits_softcap_multi_query_d_128", 4, 1, 128, 128, 32, {1000, 33}, -1, 3.0, false, 5},
+    {"more_splits_than_blocks_d_32_dv_24", 2, 1, 32, 24, 64, {70}, -1, 0, false, 7},
+    {"splits_asked_with_window_and_alibi", 4, 2, 72, 72, 32, {90, 260}, 40, 0, true, 4},
 };
 
 template <typename T>
@@ -242,6 +252,7 @@ void check_case(const PagedCase &c) {
     mha::AttentionOptions run_options;
     run_options.window_left = c.window_left;
     run_options.softcap = float(c.softcap);
+    run_options.num_splits = c.num_splits;
     if (c.alibi) {
         for (int64_t h = 0; h < c.heads; h++) {
             options.alibi_slopes.push_back(std::ldexp(1.0f, -int(h + 1)));
@@ -333,6 +344,22 @@ TEST(PagedServing, SequencesComeAndGoWithoutMovingOrLeaking) {
     EXPECT_EQ(s.tables().free_blocks(), kPool);
 }
 
+// A split step's rows, tables and contexts come from the scratch pool: after a first step, it
+// allocates nothing either.
+TEST(PagedSplits, AllocateNothingAfterTheFirstStep) {
+    PagedSequences<float> s(2, 8, 1, 64, 64, 140, 16, 70);
+    std::mt19937_64 rng(mha::testing::next_seed());
+    s.append(0, 1000, rng);
+    s.append(1, 333, rng);
+    s.random_queries(rng);
+    s.split_keys(4);
+    s.run();
+    mha::testing::start_counting_allocations();
+    s.run();
+    EXPECT_EQ(mha::testing::stop_counting_allocations(), 0u);
+    s.expect_reference({}, 1e-5);
+}
+
 TEST(PagedErrors, BadArgumentsNameThemselves) {
     PagedSequences<float> s(2, 4, 2, 16, 16, 8, 16, 4);
     std::mt19937_64 rng(mha::testing::next_seed());
@@ -402,6 +429,22 @@ TEST(PagedErrors, BadArgumentsNameThemselves) {
         },
         "causal top_left with a paged step: the query is each sequence's last position "
         "(none or bottom_right)");
+    mha::AttentionOptions splits;
+    splits.num_splits = -2;
+    expect_error(
+        [&] {
+            run({2, 1, 4, 16}, {8, 16, 2, 16}, splits);
+        },
+        "num_splits -2 must be >= 0 (0: chosen)");
+    splits.num_splits = 2;
+    expect_error(
+        [&] {
+            using View = mha::StridedView<const float>;
+            mha::attention(View{q.data(), {1, 4, 1, 16}, {}}, View{cache.data(), {1, 2, 4, 16}, {}},
+                           View{cache.data(), {1, 2, 4, 16}, {}},
+                           mha::StridedView<float>{out.data(), {1, 4, 1, 16}, {}}, splits);
+        },
+        "num_splits 2 is paged_attention's: other calls take 0");
     lengths[0] = -1;
     expect_error(
         [&] {

@@ -337,6 +337,11 @@ struct AttentionOptions {
     // When given, [B, H, Sq]: each row's log-sum-exp of its final scores (natural log), -inf for
     // a row that no key weighs.
     std::optional<StridedView<float>> lse;
+    // paged_attention only (FlashAttention's num_splits): each sequence's keys in this many
+    // splits of whole blocks, run as tasks of their own and merged by log-sum-exp; 0 chooses
+    // them from the threads, the batch, the key/value heads and the longest sequence. Steps with
+    // a window or ALiBi run one split.
+    int num_splits = 0;
 };
 
 // query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> output [B, H, Sq, dv]:

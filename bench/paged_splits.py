@@ -1,7 +1,7 @@
 """Split-K paged decode steps: one or few sequences over few key/value heads (multi-query and
 grouped), whose batch rows x key/value heads give the threads too few tasks, with each
 sequence's keys in one split (num_splits=1) and in the splits paged_attention chooses
-(num_splits=0), on 1 and 2 threads.
+(num_splits=0), on 1 and 2 threads, all interleaved.
 
     .venv-torch/bin/python bench/paged_splits.py --out build/bench/paged_splits.md
 """
@@ -23,20 +23,22 @@ def rows(args, rates):
                                                                          kv_heads)
             seqlens = torch.tensor(lengths, dtype=torch.int32)
             query = torch.randn(batch, 1, heads, HEAD_DIM).to(dtype)
-            times = {}
-            for threads in (1, 2):
-                mha.set_num_threads(threads)
-                t = interleaved({
-                    splits: (lambda s=splits: mha.paged_attention(
-                        query, key_cache, value_cache, block_table, seqlens, num_splits=s))
-                    for splits in (1, 0)}, args.rounds, args.min_time)
-                times[threads] = t
+
+            def step(threads, splits):
+                def call():
+                    mha.set_num_threads(threads)
+                    mha.paged_attention(query, key_cache, value_cache, block_table, seqlens,
+                                        num_splits=splits)
+                return call
+
+            t = interleaved({"one": step(1, 1), "two": step(2, 1), "split": step(2, 0)},
+                            args.rounds, args.min_time)
             mha.set_num_threads(args.threads)
             cache_bytes = 2 * sum(lengths) * kv_heads * HEAD_DIM * query.element_size()
             floor = cache_bytes / (stream_gbs * 1e9) * 1e3
-            one, split = times[1][1] * 1e3, times[2][0] * 1e3
             out.append((str(dtype).split(".")[1], batch, heads, kv_heads, sum(lengths),
-                        one, times[2][1] * 1e3, split, one / split, floor))
+                        t["one"] * 1e3, t["two"] * 1e3, t["split"] * 1e3, t["one"] / t["split"],
+                        floor))
     return out
 
 

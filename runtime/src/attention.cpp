@@ -286,28 +286,15 @@ void call_paged_kernel(const PagedParams &p, const T *query, const PagedKvCache<
     core.finish();
 }
 
-// The blocks of a paged step's longest sequence.
-template <typename T>
-int64_t longest_sequence_blocks(const PagedParams &p, const PagedKvCache<T> &cache) {
-    int64_t longest = 0;
-    for (int64_t b = 0; b < p.attention.batch; b++) {
-        longest = std::max<int64_t>(longest,
-                                    cache.sequence_lengths.data[b * p.sequence_lengths.strides[0]]);
-    }
-    return (longest + p.block_size - 1) / p.block_size;
-}
-
 // The splits of a paged step's keys: the caller's, or where its tasks (batch rows x key/value
 // heads) are too few for the threads, key_splits' of the longest sequence, of at least 256 keys
 // each; at most one per block. A window or ALiBi (whose offsets count from each split's own last
 // key) runs one.
-template <typename T>
-int64_t paged_splits(const PagedParams &p, const PagedKvCache<T> &cache,
-                     const AttentionOptions &options) {
+int64_t paged_splits(const PagedParams &p, const AttentionOptions &options) {
     if (options.window_left >= 0 || options.alibi_slopes) {
         return 1;
     }
-    const int64_t blocks = std::max<int64_t>(1, longest_sequence_blocks(p, cache));
+    const int64_t blocks = std::max<int64_t>(1, p.longest_blocks);
     if (options.num_splits > 0) {
         return std::min<int64_t>(options.num_splits, blocks);
     }
@@ -330,7 +317,7 @@ void run_split_paged_attention(const PagedParams &p, const StridedView<const T> 
     const AttentionParams &a = p.attention;
     const int64_t B = a.batch, H = a.heads, d = a.head_dim, dv = a.value_dim;
     const int64_t bs = p.block_size, rows = B * splits;
-    const int64_t split_blocks = (longest_sequence_blocks(p, cache) + splits - 1) / splits;
+    const int64_t split_blocks = (p.longest_blocks + splits - 1) / splits;
     Scratch<T> queries(rows * H * d);
     Scratch<int32_t> tables(rows * split_blocks), lengths(rows);
     ScratchFloats contexts(rows * H * dv), lses(rows * H);
@@ -406,7 +393,7 @@ void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T
                          const StridedView<T> &output, const AttentionOptions &options) {
     install_runtime_hooks();
     const PagedParams p = check_paged_attention(query, cache, output, options);
-    const int64_t splits = paged_splits(p, cache, options);
+    const int64_t splits = paged_splits(p, options);
     if (splits > 1) {
         run_split_paged_attention(p, query, cache, output, options, splits);
         return;

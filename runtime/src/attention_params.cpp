@@ -391,7 +391,9 @@ PagedParams check_paged_attention(const StridedView<const T> &query, const Paged
                             "block_size = {}",
                             b, length, p.key_len));
         }
-        for (int64_t n = 0; n < (length + bs - 1) / bs; n++) {
+        const int64_t blocks = (length + bs - 1) / bs;
+        paged.longest_blocks = std::max(paged.longest_blocks, blocks);
+        for (int64_t n = 0; n < blocks; n++) {
             const int64_t block =
                 block_table
                     .data[b * paged.block_table.strides[0] + n * paged.block_table.strides[1]];

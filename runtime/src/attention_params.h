@@ -72,6 +72,7 @@ struct PagedParams {
     AttentionParams attention;
     Strided key_cache, value_cache, block_table, sequence_lengths;
     int64_t num_blocks, block_size;
+    int64_t longest_blocks;  // the blocks of the longest sequence
 };
 
 // A template (f32, bf16, f16) rather than on erased views, whose copies of the shapes would

@@ -7,7 +7,8 @@
   signature and semantics, with sliding windows, soft-capping and ALiBi; ``import
   mha.transformers`` registers it with Hugging Face transformers as ``attn_implementation="mha"``.
 - ``mha.paged_attention`` and ``mha.write_paged_cache``: a decode step over a paged KV cache in
-  FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences.
+  FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences;
+  ``mha.MultiheadAttention.decode`` steps over one too (``mha.PagedDecodeCache``).
 - ``mha.varlen_attention``: sequences packed without padding (``flash_attn_varlen_func``);
   ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op).
 """
@@ -30,11 +31,11 @@ try:
 except ImportError:  # the NumPy API works without PyTorch
     pass
 else:
-    from ._paged import paged_attention, write_paged_cache
+    from ._paged import PagedDecodeCache, paged_attention, write_paged_cache
     from ._rotary import rotary_embedding
     from ._sdpa import scaled_dot_product_attention
     from ._torch import MultiheadAttention
     from ._varlen import varlen_attention
 
-    __all__ += ["MultiheadAttention", "paged_attention", "rotary_embedding",
+    __all__ += ["MultiheadAttention", "PagedDecodeCache", "paged_attention", "rotary_embedding",
                 "scaled_dot_product_attention", "varlen_attention", "write_paged_cache"]

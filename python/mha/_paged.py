@@ -9,7 +9,7 @@ sequence b in slot j % block_size of block ``block_table[b, j // block_size]``) 
 ops with fake implementations (``torch.compile(fullgraph=True)`` and ``torch.export`` keep them);
 tensors are read in place.
 """
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -18,11 +18,34 @@ from . import _mha
 from ._sdpa import _DTYPES, _array
 
 
+class PagedDecodeCache(NamedTuple):
+    """An engine's paged cache for ``mha.MultiheadAttention.decode``: ``key_cache`` and
+    ``value_cache`` [num_blocks, block_size, Hkv, d] (float32, bfloat16 or float16; the step
+    writes its new keys and values into them in place), ``block_table`` [B, max_blocks] and
+    ``cache_seqlens`` [B] int32 (each sequence's keys, the new token's included), and
+    ``slot_mapping`` [B] int64, the slot of each sequence's new token (block * block_size +
+    offset; negative: a padding row, whose output is 0)."""
+    key_cache: Tensor
+    value_cache: Tensor
+    block_table: Tensor
+    cache_seqlens: Tensor
+    slot_mapping: Tensor
+
+
 def _check(name: str, tensor: Tensor, dtype: torch.dtype) -> None:
     if not tensor.is_cpu:
         raise ValueError(f"mha's paged cache runs on the CPU: {name} is on {tensor.device}")
     if tensor.dtype != dtype:
         raise TypeError(f"{name} is {tensor.dtype}: it must be {dtype}")
+
+
+def check_decode_cache(cache: PagedDecodeCache) -> None:
+    if cache.key_cache.dtype not in _DTYPES:
+        raise TypeError(f"key_cache is {cache.key_cache.dtype}: mha's caches are float32, "
+                        f"bfloat16 or float16")
+    dtypes = (cache.key_cache.dtype,) * 2 + (torch.int32,) * 2 + (torch.int64,)
+    for name, tensor, dtype in zip(PagedDecodeCache._fields, cache, dtypes):
+        _check(name, tensor, dtype)
 
 
 @torch.library.custom_op("mha::paged_attention", mutates_args=())

@@ -9,7 +9,7 @@ or version counter), so ``load_state_dict``, optimizers and in-place updates are
 import itertools
 import threading
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -17,6 +17,8 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
 from . import _mha
 from ._numpy import weights_shape
+from ._paged import PagedDecodeCache, check_decode_cache
+from ._sdpa import _array as _strided
 
 # Prepacked modules by module id: (what they were packed from, the native module).
 _natives: Dict[int, Tuple[tuple, _mha.Module]] = {}
@@ -313,19 +315,33 @@ class MultiheadAttention(torch.nn.Module):
         return _native(self._module_id, self.num_heads, self._weights()).make_cache(
             batch, capacity, name)
 
-    def decode(self, tokens: Tensor, cache: _mha.KvCache,
+    def decode(self, tokens: Tensor, cache: Union[_mha.KvCache, PagedDecodeCache],
                key_padding_mask: Optional[Tensor] = None, new_tokens=()) -> Tensor:
         """One decode step of self-attention: `tokens` ([B, n, E], or [n, B, E] unless
         batch_first) are appended to `cache`; each attends over its row's cached tokens and the
         new ones up to itself, as forward() with is_causal over the whole sequence would.
         ``key_padding_mask`` [B, capacity] (bool, True = hidden) hides cache positions;
-        ``new_tokens`` says how many of the n each row appends (default: all)."""
+        ``new_tokens`` says how many of the n each row appends (default: all).
+
+        ``cache`` is a ``make_cache()`` cache, or an engine's paged one (``mha.PagedDecodeCache``:
+        its tensors, in float32 or the module's dtype; the step writes each sequence's new key
+        and value into its slot and reads the sequence's keys through the block table). A paged
+        step takes one token per sequence (n = 1) and no ``key_padding_mask`` or
+        ``new_tokens``: a negative slot makes a row padding."""
         _check_cpu("tokens", tokens, self.out_proj.weight.dtype)
         if tokens.dim() == 3 and not self.batch_first:
             tokens = tokens.transpose(0, 1)
         tokens = tokens.detach().contiguous()
         output = torch.empty_like(tokens)
         native = _native(self._module_id, self.num_heads, self._weights())
+        if isinstance(cache, PagedDecodeCache):
+            if key_padding_mask is not None or len(new_tokens) != 0:
+                raise ValueError("a paged decode step takes no key_padding_mask or new_tokens: "
+                                 "a negative slot in slot_mapping makes a row padding")
+            check_decode_cache(cache)
+            native.decode_paged(_array(tokens), *(_strided(t) for t in cache), _array(output),
+                                _DTYPES[tokens.dtype], _DTYPES[cache.key_cache.dtype])
+            return output if self.batch_first else output.transpose(0, 1).contiguous()
         step = dict(key_padding_mask=None if key_padding_mask is None
                     else _array(key_padding_mask.to(torch.bool)), new_tokens=list(new_tokens))
         if tokens.dtype == torch.float32:

@@ -18,8 +18,10 @@ namespace {
 
 using FloatArray = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 using MutableFloatArray = nb::ndarray<float, nb::c_contig, nb::device::cpu>;
-// A mask: bool (True = blocked) or float32 (added to the scores).
-using MaskArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+// A contiguous array of any element type; a mask: bool (True = blocked) or float32 (added to
+// the scores).
+using ContiguousArray = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using MaskArray = ContiguousArray;
 
 template <typename Array>
 std::vector<int64_t> shape_of(const Array &array) {
@@ -497,6 +499,47 @@ NB_MODULE(_mha, m) {
             nb::arg("key_padding_mask").none() = nb::none(),
             nb::arg("new_tokens") = std::vector<int64_t>{},
             "decode() on bf16 or f16 arrays given as their bits.")
+        .def(
+            "decode_paged",
+            [](const mha::MultiHeadAttention &self, const ContiguousArray &tokens,
+               const StridedArray &key_cache, const StridedArray &value_cache,
+               const StridedArray &block_table, const StridedArray &sequence_lengths,
+               const StridedArray &slot_mapping, const ContiguousArray &output,
+               const std::string &tokens_dtype, const std::string &cache_dtype) {
+                check_int_array<int32_t>("block_table", block_table);
+                check_int_array<int32_t>("sequence_lengths", sequence_lengths);
+                check_int_array<int64_t>("slot_mapping", slot_mapping);
+                const size_t token_bytes = dtype_named(tokens_dtype) == mha::DType::f32 ? 4 : 2;
+                if (tokens.itemsize() != token_bytes || output.itemsize() != token_bytes)
+                    throw nb::type_error(("tokens and output of " + tokens_dtype +
+                                          " must have elements of " + std::to_string(token_bytes) +
+                                          " bytes")
+                                             .c_str());
+                with_elements(cache_dtype, {&key_cache, &value_cache}, [&](auto element) {
+                    using T = decltype(element);
+                    const mha::PagedDecodeCache<T> cache{strided<T>(key_cache),
+                                                         strided<T>(value_cache),
+                                                         strided<const int32_t>(block_table),
+                                                         strided<const int32_t>(sequence_lengths),
+                                                         strided<const int64_t>(slot_mapping)};
+                    const auto step = [&](auto token) {
+                        using In = decltype(token);
+                        nb::gil_scoped_release released;
+                        self.decode(bits_view<const In>(tokens), cache, bits_view<In>(output));
+                    };
+                    if (token_bytes == 4)
+                        step(float{});
+                    else
+                        with_16_bits(tokens_dtype, step);
+                });
+            },
+            nb::arg("tokens"), nb::arg("key_cache"), nb::arg("value_cache"), nb::arg("block_table"),
+            nb::arg("sequence_lengths"), nb::arg("slot_mapping"), nb::arg("output"),
+            nb::arg("tokens_dtype"), nb::arg("cache_dtype"),
+            "One decode step over a paged cache: tokens [B, 1, E] (f32, or bf16/f16 bits), each "
+            "sequence's newest, written into slots slot_mapping [B] int64 of key_cache and "
+            "value_cache [blocks, block_size, Hkv, d] (of cache_dtype), block_table [B, "
+            "max_blocks] and sequence_lengths [B] int32 -> output [B, 1, E].")
         .def(
             "kernel_name",
             [](const mha::MultiHeadAttention &self, const FloatArray &query, const FloatArray &key,

@@ -145,3 +145,58 @@ def test_compile_fullgraph_and_export(seed):
     assert "mha.paged_attention" in str(exported.graph)
     torch.testing.assert_close(exported.module()(query, key_cache, value_cache),
                                mha.paged_attention(query, key_cache, value_cache, table, lengths))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_module_decode_over_a_paged_cache_matches_causal_forward(seed, dtype):
+    """mha.MultiheadAttention.decode over an engine's paged cache: three sequences grown one
+    token a step through PagedBlockTables, taking part in different steps (padding rows
+    otherwise), each output that of forward() with is_causal over its sequence so far."""
+    E, H, steps, block_size = 48, 6, 21, 16
+    module = mha.MultiheadAttention(E, H, batch_first=True, dtype=dtype).eval()
+    tables = mha.PagedBlockTables(num_blocks=6, block_size=block_size, max_sequences=3,
+                                  max_blocks_per_sequence=2)
+    shape = (tables.num_blocks, block_size, H, E // H)
+    key_cache, value_cache = torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
+    tokens = torch.randn(3, steps, E).to(dtype)
+    lengths = [0, 0, 0]
+    for step in range(steps):
+        active = [True, step % 3 != 1, step >= 4]
+        slots = [-1, -1, -1]
+        for b in range(3):
+            if active[b]:
+                tables.resize(b, lengths[b] + 1)
+                slots[b] = tables.slot(b, lengths[b])
+                lengths[b] += 1
+        new = torch.stack([tokens[b, max(lengths[b] - 1, 0)] for b in range(3)]).unsqueeze(1)
+        cache = mha.PagedDecodeCache(key_cache, value_cache, torch.tensor(tables.block_table),
+                                     torch.tensor(tables.sequence_lengths), torch.tensor(slots))
+        got = module.decode(new, cache)
+        assert got.dtype == dtype and got.shape == (3, 1, E)
+        for b in range(3):
+            if not active[b]:
+                assert not got[b].any()
+                continue
+            seq = tokens[b:b + 1, :lengths[b]]
+            want, _ = module(seq, seq, seq, is_causal=True, need_weights=False)
+            assert relative_error(got[b, 0], want[0, -1]) < 2 * tolerance(dtype)
+
+
+def test_module_decode_checks_the_paged_cache():
+    module = mha.MultiheadAttention(16, 2, batch_first=True, dtype=torch.bfloat16).eval()
+    tables = mha.PagedBlockTables(num_blocks=2, block_size=16, max_sequences=1,
+                                  max_blocks_per_sequence=1)
+    tables.resize(0, 1)
+    pages = torch.zeros(2, 16, 2, 8, dtype=torch.float16)
+    table, lengths = torch.tensor(tables.block_table), torch.tensor(tables.sequence_lengths)
+    slots = torch.tensor([tables.slot(0, 0)])
+    token = torch.randn(1, 1, 16).to(torch.bfloat16)
+    with pytest.raises(mha.Error, match="a f16 cache for a bf16 module"):
+        module.decode(token, mha.PagedDecodeCache(pages, pages, table, lengths, slots))
+    pages = pages.to(torch.bfloat16)
+    with pytest.raises(TypeError, match="slot_mapping is torch.int32: it must be torch.int64"):
+        module.decode(token, mha.PagedDecodeCache(pages, pages, table, lengths, slots.int()))
+    with pytest.raises(ValueError, match="takes no key_padding_mask or new_tokens"):
+        module.decode(token, mha.PagedDecodeCache(pages, pages, table, lengths, slots),
+                      new_tokens=[1])
+    assert not pages.any()

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 
+#include "attention_params.h"
 #include "buffers.h"
 #include "checks.h"
 #include "cpu_isa.h"
@@ -88,11 +89,68 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
     }
 }
 
+// `rows` rows of `in` features through one of a module's step projections, the fused QKV one
+// (weight qkv_weight) or the output one (out_weight), into `result` [rows, width], width the
+// panels' padded output features: the qkv_projection kernel, a linear layer over weight panels.
+void project_step_rows(const PackedWeights &packed, contract::ArgId weight, const float *input,
+                       int64_t rows, int64_t in, float *result, int64_t width) {
+    using contract::ArgId;
+    const bool qkv = weight == ArgId::qkv_weight;
+    HostBuffer input_rows = view_buffer(input, halide_type_of<float>(), {rows, 1, in}, {in, in, 1});
+    HostBuffer result_rows =
+        view_buffer(result, halide_type_of<float>(), {rows, 1, width}, {width, width, 1});
+    ArgValues values{};
+    values[size_t(ArgId::query)] = input_rows.raw_buffer();
+    values[size_t(ArgId::qkv_rows)] = result_rows.raw_buffer();
+    values[size_t(ArgId::qkv_weight)] = const_cast<halide_buffer_t *>(
+        (qkv ? packed.step_qkv_panels : packed.step_out_panels)->raw_buffer());
+    values[size_t(ArgId::qkv_bias)] = const_cast<halide_buffer_t *>(
+        packed.buffers[size_t(qkv ? ArgId::qkv_bias : ArgId::out_bias)]->raw_buffer());
+    const contract::KernelVariant projection{contract::KernelOp::qkv_projection,
+                                             contract::MaskKind::none,
+                                             false,
+                                             true,
+                                             false,
+                                             packed.step_dtype};
+    CallContext context;
+    call_kernel(decode_kernel(projection, rows), context, values);
+}
+
 // Keys per task of a step over `keys` cached keys (a multiple of kCacheKeyTile) whose batch rows
 // and key/value heads make `tasks` (key_splits), whole key tiles of at least two each.
 int64_t split_keys(int64_t tasks, int64_t keys, int threads) {
     const int64_t splits = key_splits(tasks, keys, threads, 2 * contract::kCacheKeyTile);
     return contract::round_up((keys + splits - 1) / splits, contract::kCacheKeyTile);
+}
+
+// The views a paged step passes to write_paged_cache and paged_attention, kept per thread so
+// that their shapes are assigned in place: a step allocates nothing once one of as many rows ran.
+template <typename T>
+struct PagedStepViews {
+    StridedView<const T> query, new_keys, new_values;
+    StridedView<T> context;
+    PagedKvCache<T> cache;
+};
+
+template <typename T>
+PagedStepViews<T> &paged_step_views() {
+    thread_local PagedStepViews<T> views;
+    return views;
+}
+
+template <typename T, typename U>
+void set_view(StridedView<T> &view, U *data, std::initializer_list<int64_t> shape,
+              std::initializer_list<int64_t> strides = {}) {
+    view.data = data;
+    view.shape.assign(shape);
+    view.strides.assign(strides);
+}
+
+template <typename T, typename U>
+void set_view(StridedView<T> &view, const StridedView<U> &from) {
+    view.data = from.data;
+    view.shape.assign(from.shape.begin(), from.shape.end());
+    view.strides.assign(from.strides.begin(), from.strides.end());
 }
 
 }  // namespace
@@ -118,28 +176,32 @@ void KvCache::truncate(int64_t length) {
     }
 }
 
-KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
-                                       std::optional<DType> dtype) const {
-    const DType cache_dtype = dtype.value_or(dtype_);
-    detail::check_dtype("dtype", cache_dtype);
-    if (dtype_ != DType::f32 && cache_dtype != dtype_ && cache_dtype != DType::f32) {
+void MultiHeadAttention::check_decode_cache(DType dtype) const {
+    detail::check_dtype("dtype", dtype);
+    if (dtype_ != DType::f32 && dtype != dtype_ && dtype != DType::f32) {
         throw Error(fmt::format("a {} cache for a {} module: it holds {} or f32",
-                                contract::dtype_name(cache_dtype), contract::dtype_name(dtype_),
+                                contract::dtype_name(dtype), contract::dtype_name(dtype_),
                                 contract::dtype_name(dtype_)));
     }
     if (device_ != Device::cpu) {
         throw Error(fmt::format("decode steps run on the cpu; this module runs on the {}",
                                 contract::device_name(device_)));
     }
-    if (batch < 1 || capacity < 1) {
-        throw Error(
-            fmt::format("a cache of batch {} and capacity {}: both must be >= 1", batch, capacity));
-    }
     if (!packed_->stacked()) {
         throw Error(
             fmt::format("decode steps are self-attention: kdim {} and vdim {} must be the "
                         "embed_dim {}",
                         kdim(), vdim(), embed_dim_));
+    }
+}
+
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
+                                       std::optional<DType> dtype) const {
+    const DType cache_dtype = dtype.value_or(dtype_);
+    check_decode_cache(cache_dtype);
+    if (batch < 1 || capacity < 1) {
+        throw Error(
+            fmt::format("a cache of batch {} and capacity {}: both must be >= 1", batch, capacity));
     }
     const int64_t padded_capacity = capacity > kMaxBufferBytes
                                         ? capacity
@@ -168,20 +230,20 @@ void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const Muta
     }
 }
 
-template <typename In, typename Out>
-void MultiHeadAttention::decode_converted(const TensorView<const In> &tokens, KvCache &cache,
+template <typename In, typename Out, typename Cache, typename... Step>
+void MultiHeadAttention::decode_converted(const TensorView<const In> &tokens, Cache &cache,
                                           const TensorView<Out> &output,
-                                          const std::optional<Mask> &key_padding,
-                                          const std::vector<int64_t> &new_tokens) const {
+                                          const Step &...step) const {
     detail::check_activations<In>(dtype_);
     // The shapes are checked before the tokens are read or converted memory is taken.
     detail::check_view("tokens", tokens, 3, "[batch, new tokens, embed_dim]");
-    detail::check_tensor("tokens", tokens, std::array{cache.batch(), tokens.shape[1], embed_dim_});
+    detail::check_tensor("tokens", tokens,
+                         std::array{tokens.shape[0], tokens.shape[1], embed_dim_});
     detail::check_tensor("output", output,
                          std::array{tokens.shape[0], tokens.shape[1], embed_dim_});
     const detail::ConvertedInput<In> in("tokens", tokens, dtype_);
     const detail::ConvertedOutput<Out> out("output", output);
-    decode_f32(in.view(), cache, out.view(), key_padding, new_tokens);
+    decode_f32(in.view(), cache, out.view(), step...);
     out.finish();
 }
 
@@ -255,31 +317,8 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     }
 
     // The new tokens' projections, q, k and v of each token side by side.
-    detail::CallContext context;
-    detail::ArgValues values{};
-    detail::HostBuffer token_buffer = detail::dense_buffer(tokens);
-    detail::HostBuffer qkv = detail::view_buffer(c.qkv_rows.data(), halide_type_of<float>(),
-                                                 {B, n, width}, {n * width, width, 1});
-    values[size_t(ArgId::query)] = token_buffer.raw_buffer();
-    values[size_t(ArgId::qkv_rows)] = qkv.raw_buffer();
-    values[size_t(ArgId::new_qkv)] = qkv.raw_buffer();
-    for (size_t id = 0; id < contract::kArgCount; id++) {
-        if (packed_->buffers[id]) {
-            values[id] = const_cast<halide_buffer_t *>(packed_->buffers[id]->raw_buffer());
-        }
-    }
-    // The weights in the module's dtype (packed_->step_dtype).
-    values[size_t(ArgId::qkv_weight)] =
-        const_cast<halide_buffer_t *>(packed_->step_qkv_panels->raw_buffer());
-    values[size_t(ArgId::out_weight)] =
-        const_cast<halide_buffer_t *>(packed_->step_out_panels->raw_buffer());
-    const contract::KernelVariant projection{contract::KernelOp::qkv_projection,
-                                             contract::MaskKind::none,
-                                             false,
-                                             true,
-                                             false,
-                                             packed_->step_dtype};
-    detail::call_kernel(detail::decode_kernel(projection, B * n), context, values);
+    detail::project_step_rows(*packed_, ArgId::qkv_weight, tokens.data, B * n, E, c.qkv_rows.data(),
+                              width);
 
     // Their keys and values, appended to each row.
     const int64_t key_offset = contract::qkv_block_offset(1, P, Pkv);
@@ -318,6 +357,15 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     detail::HostBuffer counts =
         detail::view_buffer(c.new_counts.data(), halide_type_of<int32_t>(), {B}, {1});
     detail::HostBuffer out = detail::dense_buffer(output);
+    detail::HostBuffer qkv = detail::view_buffer(c.qkv_rows.data(), halide_type_of<float>(),
+                                                 {B, n, width}, {n * width, width, 1});
+    detail::ArgValues values{};
+    values[size_t(ArgId::new_qkv)] = qkv.raw_buffer();
+    // The output projection's weights in the module's dtype (packed_->step_dtype).
+    values[size_t(ArgId::out_weight)] =
+        const_cast<halide_buffer_t *>(packed_->step_out_panels->raw_buffer());
+    values[size_t(ArgId::out_bias)] =
+        const_cast<halide_buffer_t *>(packed_->buffers[size_t(ArgId::out_bias)]->raw_buffer());
     detail::HostBuffer mask;
     int32_t head_dim32 = int32_t(d);
     int32_t blocks_nonzero = key_padding && key_padding->convention == MaskConvention::block;
@@ -347,10 +395,115 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
         false,
         false,
         c.dtype};
+    detail::CallContext context;
     detail::call_kernel(detail::decode_kernel(attention, B * n), context, values);
     for (int64_t b = 0; b < B; b++) {
         c.lengths[b] += c.new_counts[b];
     }
 }
+
+template <typename T>
+void MultiHeadAttention::decode(const Tensor &tokens, const PagedDecodeCache<T> &cache,
+                                const MutableTensor &output) const {
+    if (dtype_ == DType::f32) {
+        decode_f32(tokens, cache, output);
+    } else {
+        decode_converted(tokens, cache, output);
+    }
+}
+
+template <typename T>
+void MultiHeadAttention::decode(const BF16Tensor &tokens, const PagedDecodeCache<T> &cache,
+                                const MutableBF16Tensor &output) const {
+    decode_converted(tokens, cache, output);
+}
+
+template <typename T>
+void MultiHeadAttention::decode(const F16Tensor &tokens, const PagedDecodeCache<T> &cache,
+                                const MutableF16Tensor &output) const {
+    decode_converted(tokens, cache, output);
+}
+
+// The QKV projection of the new tokens; their keys and values rounded to T and written into
+// their slots; paged_attention of their queries (rounded to T); the output projection of its
+// context. Scratch memory comes from the pool.
+template <typename T>
+void MultiHeadAttention::decode_f32(const Tensor &tokens, const PagedDecodeCache<T> &cache,
+                                    const MutableTensor &output) const {
+    using contract::ArgId;
+    check_decode_cache(detail::dtype_of<T>());
+    detail::check_view("tokens", tokens, 3, "[batch, 1, embed_dim]");
+    const int64_t B = tokens.shape[0], E = embed_dim_, H = num_heads_, d = head_dim();
+    const int64_t Hkv = num_kv_heads(), P = packed_->padded, Pkv = packed_->padded_kv;
+    detail::check_tensor("tokens", tokens, std::array<int64_t, 3>{B, 1, E});
+    detail::check_tensor("output", output, std::array<int64_t, 3>{B, 1, E});
+    detail::check_on_host("tokens", tokens, detail::kDecodeOnTheCpu);
+    detail::check_on_host("output", output, detail::kDecodeOnTheCpu);
+    detail::check_rank("slot_mapping", cache.slot_mapping, 1, "[batch]");
+    if (cache.slot_mapping.shape[0] != B) {
+        throw Error(fmt::format("slot_mapping has {} slots for a batch of {}",
+                                cache.slot_mapping.shape[0], B));
+    }
+    const int64_t width = P + 2 * Pkv;  // q, k and v of one token
+    detail::ScratchFloats rows(B * width), context_rows(B * E), projected(B * P);
+    detail::Scratch<T> queries(B * H * d), keys(B * Hkv * d), values(B * Hkv * d),
+        contexts(B * H * d);
+    detail::PagedStepViews<T> &views = detail::paged_step_views<T>();
+    detail::set_view(views.query, queries.data(), {B, 1, H, d});
+    detail::set_view(views.context, contexts.data(), {B, 1, H, d});
+    detail::set_view(views.new_keys, keys.data(), {B, Hkv, d});
+    detail::set_view(views.new_values, values.data(), {B, Hkv, d});
+    detail::set_view(views.cache.key_cache, cache.key_cache);
+    detail::set_view(views.cache.value_cache, cache.value_cache);
+    detail::set_view(views.cache.block_table, cache.block_table);
+    detail::set_view(views.cache.sequence_lengths, cache.sequence_lengths);
+    // Everything paged_attention checks, and the module's heads, before the cache is written.
+    const detail::PagedParams p =
+        detail::check_paged_attention(views.query, views.cache, views.context, {});
+    if (p.attention.kv_heads != Hkv || p.attention.value_dim != d) {
+        throw Error(fmt::format(
+            "key_cache {} and value_cache {}: this module's caches hold {} key/value heads of "
+            "{} features",
+            detail::shape_string(cache.key_cache.shape),
+            detail::shape_string(cache.value_cache.shape), Hkv, d));
+    }
+
+    detail::project_step_rows(*packed_, ArgId::qkv_weight, tokens.data, B, E, rows.data(), width);
+    const int64_t key_offset = contract::qkv_block_offset(1, P, Pkv);
+    const int64_t value_offset = contract::qkv_block_offset(2, P, Pkv);
+    for (int64_t b = 0; b < B; b++) {
+        const float *row = rows.data() + b * width;
+        detail::convert(row, queries.data() + b * H * d, H * d);
+        detail::convert(row + key_offset, keys.data() + b * Hkv * d, Hkv * d);
+        detail::convert(row + value_offset, values.data() + b * Hkv * d, Hkv * d);
+    }
+    write_paged_cache(views.new_keys, views.new_values, cache.key_cache, cache.value_cache,
+                      cache.slot_mapping);
+    paged_attention(views.query, views.cache, views.context);
+    detail::convert(contexts.data(), context_rows.data(), B * E);
+    detail::project_step_rows(*packed_, ArgId::out_weight, context_rows.data(), B, E,
+                              projected.data(), P);
+    const int64_t slot_stride = detail::strides_of(cache.slot_mapping)[0];
+    for (int64_t b = 0; b < B; b++) {
+        float *target = output.data + b * E;
+        if (cache.slot_mapping.data[b * slot_stride] < 0) {
+            std::fill_n(target, E, 0.0f);  // a padding row
+        } else {
+            std::copy_n(projected.data() + b * P, E, target);
+        }
+    }
+}
+
+#define MHA_PAGED_DECODE(T)                                                                   \
+    template void MultiHeadAttention::decode(const Tensor &, const PagedDecodeCache<T> &,     \
+                                             const MutableTensor &) const;                    \
+    template void MultiHeadAttention::decode(const BF16Tensor &, const PagedDecodeCache<T> &, \
+                                             const MutableBF16Tensor &) const;                \
+    template void MultiHeadAttention::decode(const F16Tensor &, const PagedDecodeCache<T> &,  \
+                                             const MutableF16Tensor &) const;
+MHA_PAGED_DECODE(float)
+MHA_PAGED_DECODE(bfloat16)
+MHA_PAGED_DECODE(float16)
+#undef MHA_PAGED_DECODE
 
 }  // namespace mha

@@ -1,12 +1,15 @@
-// Decode steps over a KV cache against the double-precision reference of the whole sequence so
-// far with a causal mask: every step, every batch row.
+// Decode steps over a KV cache, the module's own or an engine's paged one, against the
+// double-precision reference of the whole sequence so far with a causal mask: every step, every
+// batch row.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <vector>
 
 #include "allocation_counter.h"
+#include "dtype.h"
 #include "mha_contract.h"
 #include "problems.h"
 #include "scratch_pool.h"
@@ -422,6 +425,207 @@ TEST(DecodeAllocations, AStepAllocatesNothing) {
     EXPECT_EQ(mha::testing::stop_counting_allocations(), shape_copies);
     EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
     mha::set_num_threads(0);
+}
+
+// --- Decode steps over a paged cache (decode with a PagedDecodeCache) ---------------------------
+
+// With a 16-bit paged cache the query and the attention's output are rounded to it too.
+double paged_tolerance(mha::DType cache_dtype) {
+    return cache_dtype == mha::DType::bf16 ? 1e-2 : cache_dtype == mha::DType::f16 ? 2e-3 : 1e-5;
+}
+
+// Sequences decoded one token a step over a paged cache of T elements whose blocks
+// PagedBlockTables hands out; rows that take no token in a step are padding (slot -1).
+template <typename T>
+class PagedDecoder {
+public:
+    PagedDecoder(int64_t sequences, int64_t embed_dim, int64_t heads, int64_t kv_heads,
+                 int64_t block_size, int64_t num_blocks, int64_t max_blocks)
+        : B_(sequences),
+          E_(embed_dim),
+          weights_(mha::problems::random_problem({1, 1, 1, embed_dim, heads},
+                                                 mha::testing::next_seed(), false, 0, 0, kv_heads)),
+          module_(mha::problems::make_module(weights_)),
+          tables_(num_blocks, block_size, sequences, max_blocks),
+          key_pool_(size_t(num_blocks * block_size * embed_dim / heads * module_.num_kv_heads())),
+          value_pool_(key_pool_.size()),
+          slots_(size_t(sequences)),
+          tokens_(size_t(sequences * embed_dim)),
+          output_(size_t(sequences * embed_dim)),
+          sequences_(size_t(sequences)) {
+        const std::vector<int64_t> pages{num_blocks, block_size, module_.num_kv_heads(),
+                                         module_.head_dim()};
+        cache_ = {{key_pool_.data(), pages, {}},
+                  {value_pool_.data(), pages, {}},
+                  tables_.block_table(),
+                  tables_.sequence_lengths(),
+                  {slots_.data(), {sequences}, {}}};
+        for (std::vector<float> &s : sequences_) {
+            s.reserve(size_t(max_blocks * block_size * embed_dim));
+        }
+    }
+
+    const mha::MultiHeadAttention &module() const { return module_; }
+    const mha::PagedDecodeCache<T> &cache() const { return cache_; }
+    mha::Tensor tokens() const { return {tokens_.data(), {B_, 1, E_}}; }
+    mha::MutableTensor output() { return {output_.data(), {B_, 1, E_}}; }
+    const std::vector<T> &key_pool() const { return key_pool_; }
+
+    // One step: each row with `active` set takes a token; the outputs must match the reference
+    // of each sequence so far, and padding rows must be 0.
+    void step(const std::vector<bool> &active) {
+        const std::vector<float> x = random_tokens(B_, E_, mha::testing::next_seed());
+        std::copy(x.begin(), x.end(), tokens_.begin());
+        for (int64_t b = 0; b < B_; b++) {
+            slots_[size_t(b)] = -1;
+            if (active[size_t(b)]) {
+                const int64_t length = tables_.length(b);
+                tables_.resize(b, length + 1);
+                slots_[size_t(b)] = tables_.slot(b, length);
+                sequences_[size_t(b)].insert(sequences_[size_t(b)].end(), x.begin() + b * E_,
+                                             x.begin() + (b + 1) * E_);
+            }
+        }
+        std::fill(output_.begin(), output_.end(), NAN);
+        module_.decode(tokens(), cache_, output());
+        for (int64_t b = 0; b < B_; b++) {
+            SCOPED_TRACE(::testing::Message()
+                         << "sequence " << b << " of " << tables_.length(b) << " tokens");
+            const std::vector<float> got(output_.begin() + b * E_, output_.begin() + (b + 1) * E_);
+            if (!active[size_t(b)]) {
+                EXPECT_EQ(got, std::vector<float>(size_t(E_), 0.0f));
+                continue;
+            }
+            EXPECT_LT(mha::reference::relative_l2(
+                          got, mha::reference::decode_outputs(weights_, sequences_[size_t(b)], 1,
+                                                              {}, mha::detail::dtype_of<T>())),
+                      paged_tolerance(mha::detail::dtype_of<T>()));
+        }
+    }
+
+    // Ends sequence b, its blocks back in the pool.
+    void end(int64_t b) {
+        tables_.resize(b, 0);
+        sequences_[size_t(b)].clear();
+    }
+
+private:
+    int64_t B_, E_;
+    Problem weights_;
+    mha::MultiHeadAttention module_;
+    mha::PagedBlockTables tables_;
+    std::vector<T> key_pool_, value_pool_;
+    std::vector<int64_t> slots_;
+    std::vector<float> tokens_, output_;
+    mha::PagedDecodeCache<T> cache_;
+    std::vector<std::vector<float>> sequences_;  // every sequence's tokens so far
+};
+
+// fn.template operator()<T>() with T the element type of `dtype`.
+template <typename Fn>
+void with_element_type(mha::DType dtype, Fn &&fn) {
+    switch (dtype) {
+    case mha::DType::f32:
+        return fn(float{});
+    case mha::DType::bf16:
+        return fn(mha::bfloat16{});
+    case mha::DType::f16:
+        return fn(mha::float16{});
+    }
+}
+
+struct PagedModuleCase {
+    const char *name;
+    int64_t sequences, embed_dim, heads, kv_heads, block_size, num_blocks, max_blocks, steps;
+};
+const PagedModuleCase kPagedModuleCases[] = {
+    {"grouped_heads_blocks_of_16", 5, 24, 6, 2, 16, 12, 4, 41},
+    {"one_head_d_20_blocks_of_32", 3, 20, 1, 1, 32, 5, 2, 37},
+    {"multi_query_d_16", 2, 64, 4, 1, 16, 6, 3, 45},
+};
+
+class PagedModuleDecode : public ::testing::TestWithParam<std::tuple<PagedModuleCase, mha::DType>> {
+};
+
+// Sequences start, grow by one token in the steps they take part in, and end (their blocks
+// reused by the others): every output against the reference of its sequence alone.
+TEST_P(PagedModuleDecode, EveryStepMatchesItsSequence) {
+    const auto &[c, cache_dtype] = GetParam();
+    with_element_type(cache_dtype, [&, &c = c](auto element) {
+        PagedDecoder<decltype(element)> decoder(c.sequences, c.embed_dim, c.heads, c.kv_heads,
+                                                c.block_size, c.num_blocks, c.max_blocks);
+        std::mt19937_64 rng(mha::testing::next_seed());
+        for (int64_t step = 0; step < c.steps; step++) {
+            std::vector<bool> active(size_t(c.sequences));
+            for (int64_t b = 0; b < c.sequences; b++) {
+                active[size_t(b)] = rng() % 4 != 0;
+            }
+            decoder.step(active);
+            if (step % 13 == 12) {
+                decoder.end(int64_t(rng() % uint64_t(c.sequences)));
+            }
+        }
+    });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Awkward, PagedModuleDecode,
+    ::testing::Combine(::testing::ValuesIn(kPagedModuleCases), ::testing::ValuesIn(cache_dtypes())),
+    [](const auto &info) {
+        return std::string(std::get<0>(info.param).name) + "_" +
+               std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
+    });
+
+// As for a contiguous cache (DecodeAllocations): nothing allocated once a step of as many rows
+// ran, the converted tokens' and output's shapes of a 16-bit module aside.
+TEST(PagedModuleDecodeAllocations, AStepAllocatesNothing) {
+    mha::set_num_threads(1);
+    PagedDecoder<float> decoder(3, 64, 4, 2, 16, 8, 4);
+    decoder.step({true, true, false});
+    decoder.step({true, false, true});
+    const mha::Tensor tokens = decoder.tokens();
+    const mha::MutableTensor output = decoder.output();
+    const size_t blocks = mha::detail::scratch_blocks_allocated();
+    mha::testing::start_counting_allocations();
+    decoder.module().decode(tokens, decoder.cache(), output);
+    const size_t shape_copies = decoder.module().dtype() == mha::DType::f32 ? 0 : 4;
+    EXPECT_EQ(mha::testing::stop_counting_allocations(), shape_copies);
+    EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
+    mha::set_num_threads(0);
+}
+
+// Bad arguments raise mha::Error naming them, and leave the cache as it was.
+TEST(PagedModuleDecodeErrors, BadArgumentsChangeNothing) {
+    PagedDecoder<float> decoder(2, 12, 3, 3, 16, 4, 2);
+    decoder.step({true, true});
+    const std::vector<float> pool = decoder.key_pool();
+    // Room for the largest shape: a 16-bit module converts the tokens before it checks them.
+    std::vector<float> tokens(4 * 12), output(4 * 12);
+    std::vector<int64_t> far_slot{0, 64};
+    const auto expect_error = [&](const mha::Tensor &t, const mha::MutableTensor &o,
+                                  const mha::PagedDecodeCache<float> &cache, const char *message) {
+        try {
+            decoder.module().decode(t, cache, o);
+            ADD_FAILURE() << "no error; expected " << message;
+        } catch (const mha::Error &e) {
+            EXPECT_STREQ(e.what(), message);
+        }
+        EXPECT_EQ(decoder.key_pool(), pool);
+    };
+    expect_error({tokens.data(), {2, 2, 12}}, {output.data(), {2, 2, 12}}, decoder.cache(),
+                 "tokens has shape [2, 2, 12] but must be [2, 1, 12]");
+    expect_error({tokens.data(), {3, 1, 12}}, {output.data(), {3, 1, 12}}, decoder.cache(),
+                 "slot_mapping has 2 slots for a batch of 3");
+    mha::PagedDecodeCache<float> cache = decoder.cache();
+    cache.slot_mapping = {far_slot.data(), {2}, {}};
+    expect_error(decoder.tokens(), decoder.output(), cache,
+                 "slot_mapping[1] is 64: the cache has slots 0 to 63");
+    cache = decoder.cache();
+    cache.key_cache.shape = {4, 16, 1, 4};
+    cache.value_cache.shape = {4, 16, 1, 4};
+    expect_error(decoder.tokens(), decoder.output(), cache,
+                 "key_cache [4, 16, 1, 4] and value_cache [4, 16, 1, 4]: this module's caches "
+                 "hold 3 key/value heads of 4 features");
 }
 
 }  // namespace

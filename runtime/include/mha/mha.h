@@ -134,6 +134,8 @@ struct PackedWeights;
 struct KvCacheStorage;
 struct WidenedLinears;
 }  // namespace detail
+template <typename T>
+struct PagedDecodeCache;
 
 // The keys and values of the tokens a decoder has seen, already projected and split into heads,
 // so that a decode step projects only its new tokens (MultiHeadAttention::decode). Made by a
@@ -260,6 +262,25 @@ public:
     void decode(const F16Tensor &tokens, KvCache &cache, const MutableF16Tensor &output,
                 const std::optional<Mask> &key_padding = std::nullopt,
                 const std::vector<int64_t> &new_tokens = {}) const;
+    // One decode step of B sequences over a paged cache (an engine's, laid out as
+    // paged_attention reads it; see PagedDecodeCache), the cache's elements T in f32 or the
+    // module's dtype (an f32 module's: any). tokens [B, 1, E] are each sequence's newest token:
+    // its key and value are written into slot slot_mapping[b], then its query attends over the
+    // sequence's sequence_lengths[b] keys, its own included -> output [B, 1, E]. A row whose slot
+    // is negative is padding: nothing is written and its output is 0. With a 16-bit cache the
+    // query and the attention's output are rounded to it as well (paged_attention's). Every
+    // argument is checked before the cache is written; allocates nothing once a first step of
+    // as many rows ran. For a (CPU) module whose kdim and vdim are E.
+    template <typename T>
+    void decode(const Tensor &tokens, const PagedDecodeCache<T> &cache,
+                const MutableTensor &output) const;
+    // The same for bf16 or f16 tokens, the output in their type.
+    template <typename T>
+    void decode(const BF16Tensor &tokens, const PagedDecodeCache<T> &cache,
+                const MutableBF16Tensor &output) const;
+    template <typename T>
+    void decode(const F16Tensor &tokens, const PagedDecodeCache<T> &cache,
+                const MutableF16Tensor &output) const;
 
     // The name of the kernel forward() runs for these arguments (see linked_kernels()); the
     // arguments are checked as forward() checks them.
@@ -278,16 +299,21 @@ private:
     void decode_f32(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
                     const std::optional<Mask> &key_padding,
                     const std::vector<int64_t> &new_tokens) const;
+    template <typename T>
+    void decode_f32(const Tensor &tokens, const PagedDecodeCache<T> &cache,
+                    const MutableTensor &output) const;
     // Either of them on tensors of type In, converted to f32 rounded to the module's dtype; the
-    // output converted back to Out.
+    // output converted back to Out (`step`: decode_f32's arguments after the cache).
     template <typename In, typename Out>
     void forward_converted(const TensorView<const In> &query, const TensorView<const In> &key,
                            const TensorView<const In> &value, const TensorView<Out> &output,
                            const ForwardOptions &options) const;
-    template <typename In, typename Out>
-    void decode_converted(const TensorView<const In> &tokens, KvCache &cache,
-                          const TensorView<Out> &output, const std::optional<Mask> &key_padding,
-                          const std::vector<int64_t> &new_tokens) const;
+    template <typename In, typename Out, typename Cache, typename... Step>
+    void decode_converted(const TensorView<const In> &tokens, Cache &cache,
+                          const TensorView<Out> &output, const Step &...step) const;
+    // That this module has decode steps (a CPU one, kdim = vdim = E) and that their cache may
+    // hold `dtype` (f32 or the module's; any for an f32 module).
+    void check_decode_cache(DType dtype) const;
     int64_t embed_dim_;
     int64_t num_heads_;
     Device device_;
@@ -417,6 +443,16 @@ template <typename T>
 struct PagedKvCache {
     StridedView<const T> key_cache, value_cache;
     StridedView<const int32_t> block_table, sequence_lengths;
+};
+
+// The paged cache a module's decode step writes and reads: paged_attention's, with the pools
+// writable, and the slot of each row's new token (write_paged_cache's slot_mapping, [B] int64),
+// which sequence_lengths count.
+template <typename T>
+struct PagedDecodeCache {
+    StridedView<T> key_cache, value_cache;
+    StridedView<const int32_t> block_table, sequence_lengths;
+    StridedView<const int64_t> slot_mapping;
 };
 
 // A decode step of B sequences of different lengths over a paged cache: query [B, 1, H, d], each

@@ -4,7 +4,8 @@ one run: interleaved rounds, medians, both on the same threads, with the bytes f
     .venv-torch/bin/python bench/decode_compare.py --out build/bench/decode.md
 
 Ours: mha.MultiheadAttention.decode, the module and its cache in the dtype (bf16: the weights
-and the cache read in 16 bits), one new token per row. PyTorch: F.linear + SDPA + F.linear with
+and the cache read in 16 bits), one new token per row; again over a paged cache (blocks of 16
+in a shuffled pool, python_peer.measure_paged_decode). PyTorch: F.linear + SDPA + F.linear with
 the weights, the token and a preallocated cache in the dtype (bench/torch_peer.py). The floor:
 the bytes a step must read (weights 4·E², cache 2·N·E, in the dtype) at the streaming read
 measured in the same run (sdpa_compare.ceilings); × floor is ours over it, as in compare.py.
@@ -34,7 +35,7 @@ def main():
     lines = [f"Streaming read: {stream_gbs:.1f} GB/s. {args.threads} threads, medians of "
              f"{args.rounds} interleaved rounds.", "",
              "| B, N, E, H | dtype | ours ms | floor ms | × floor | PyTorch ms | × PyTorch |"
-             " ours × our f32 |", "|---|---|---|---|---|---|---|---|"]
+             " ours × our f32 | paged ms | paged × floor |", "|---" * 10 + "|"]
     for shape in SHAPES:
         B, N, E, H = shape
         calls = {}
@@ -42,6 +43,8 @@ def main():
             calls[("ours", name)] = lambda s=shape, t=dtype: python_peer.measure_decode(
                 *s, args.threads, args.min_time, t)
             calls[("torch", name)] = lambda s=shape, t=dtype: torch_peer.measure_decode(
+                *s, args.threads, args.min_time, t)
+            calls[("paged", name)] = lambda s=shape, t=dtype: python_peer.measure_paged_decode(
                 *s, args.threads, args.min_time, t)
         samples = {key: [] for key in calls}
         for _ in range(args.rounds):
@@ -54,7 +57,8 @@ def main():
             ours, theirs = ms[("ours", name)], ms[("torch", name)]
             lines.append(f"| {B}, {N}, {E}, {H} | {name} | {ours:.3f} | {floor_ms:.3f} | "
                          f"{ours / floor_ms:.2f} | {theirs:.3f} | {theirs / ours:.2f} | "
-                         f"{ms[('ours', 'f32')] / ours:.2f} |")
+                         f"{ms[('ours', 'f32')] / ours:.2f} | {ms[('paged', name)]:.3f} | "
+                         f"{ms[('paged', name)] / floor_ms:.2f} |")
     print("\n".join(lines))
     if args.out:
         with open(args.out, "w") as f:

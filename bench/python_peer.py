@@ -42,6 +42,26 @@ def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.flo
         return median_ms(step, min_time_s)
 
 
+def measure_paged_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32,
+                         block_size=16):
+    """The same step as measure_decode's over a paged cache in `dtype` (mha.PagedDecodeCache):
+    each row's `cached` keys and values in shuffled blocks of one pool, the new token's written
+    into the slot after them."""
+    mha.set_num_threads(threads)
+    torch.manual_seed(0)
+    module = mha.MultiheadAttention(E, H, batch_first=True).eval().to(dtype)
+    blocks = -(-(cached + 1) // block_size)
+    pool = (batch * blocks, block_size, H, E // H)
+    key_cache, value_cache = torch.randn(pool).to(dtype), torch.randn(pool).to(dtype)
+    table = torch.randperm(batch * blocks, dtype=torch.int32).reshape(batch, blocks)
+    slots = (table[:, cached // block_size].long() * block_size + cached % block_size)
+    cache = mha.PagedDecodeCache(key_cache, value_cache, table,
+                                 torch.full((batch,), cached + 1, dtype=torch.int32), slots)
+    with torch.inference_mode():
+        token = (torch.rand(batch, 1, E) * 2 - 1).to(dtype)
+        return median_ms(lambda: module.decode(token, cache), min_time_s)
+
+
 def call_overhead_ms(threads, min_time_s=0.1):
     """What mha.MultiheadAttention adds to the C++ call it makes (checks, parameter
     fingerprints, output allocation, array conversion): one token at E = 384, the module's median

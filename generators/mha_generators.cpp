@@ -578,8 +578,21 @@ public:
         core_ = mha::define_attention_core(v, in);
         // The context and the rows' log-sum-exp come out of one loop nest: the row statistics
         // live in its tiles.
-        context_and_lse_(v.c, v.i, v.h, v.b) =
-            Tuple(core_.context.result(v.c, v.i, v.h, v.b), core_.softmax.lse(v.i, v.h, v.b));
+        Expr context = core_.context.result(v.c, v.i, v.h, v.b);
+        Expr lse = core_.softmax.lse(v.i, v.h, v.b);
+        if (paged) {
+            // Grouped query heads (several rows) over all of their keys run the same stages
+            // again, scheduled per sequence with every key/value head inside each tile of keys
+            // (schedule_single_query_attention), whose specialization on the same condition
+            // leaves one of the two. A window keeps a task per key/value head: its steps run
+            // unsplit (the runtime's paged_splits), so that the heads are their parallelism.
+            all_keys_ = args_.scalar(ArgId::window_start) <= -num_keys_;
+            const Expr per_row = core_rows_ > 1 && all_keys_;
+            grouped_core_ = mha::define_attention_core(v, in);
+            context = select(per_row, grouped_core_.context.result(v.c, v.i, v.h, v.b), context);
+            lse = select(per_row, grouped_core_.softmax.lse(v.i, v.h, v.b), lse);
+        }
+        context_and_lse_(v.c, v.i, v.h, v.b) = Tuple(context, lse);
         const Expr row = single_query ? clamp(v.h % group, 0, group - 1) : Expr(v.i);
         const Expr head = single_query ? clamp(v.h / group, 0, kv_heads - 1) : Expr(v.h);
         args_.output(ArgId::context)(v.c, v.i, v.h, v.b) = context_and_lse_(v.c, row, head, v.b)[0];
@@ -594,9 +607,9 @@ public:
         const mha::StageVars &v = v_;
         const mha::cpu::ScheduleParams params = cpu_params(get_target(), schedule_params);
         if (single_query) {
-            mha::cpu::schedule_single_query_attention(v, core_, context_and_lse_, core_rows_,
-                                                      head_dim_, value_dim_, mask_keys_dense_,
-                                                      params);
+            mha::cpu::schedule_single_query_attention(
+                v, core_, paged ? &grouped_core_ : nullptr, all_keys_, context_and_lse_, core_rows_,
+                head_dim_, value_dim_, mask_keys_dense_, params);
         } else {
             mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
                                          num_keys_, mask_keys_dense_, false, false, params);
@@ -614,8 +627,8 @@ private:
     ContractArguments args_;
     mha::StageVars v_;
     Func k_heads_{"k_heads"}, v_heads_{"v_heads"}, context_and_lse_{"context_and_lse"};
-    Expr query_len_, num_keys_, head_dim_, value_dim_, mask_keys_dense_, core_rows_;
-    mha::CoreStages core_;
+    Expr query_len_, num_keys_, head_dim_, value_dim_, mask_keys_dense_, core_rows_, all_keys_;
+    mha::CoreStages core_, grouped_core_;
 };
 
 // Built for every CPU instruction set of the contract at once (Halide's multi-target dispatch

@@ -595,71 +595,117 @@ inline AttentionTiles schedule_attention(const StageVars &v, CoreStages &core,
 // tiles hold pv_vectors x pv_rows accumulators. The head sizes of today's models (32, 64, 128,
 // 256) get loops in which the features' clamps and tail predicates fold away; other sizes
 // (clamped, gathered) tiles of one vector. One row (no grouped heads) keeps tiles of one row.
-inline void schedule_single_query_attention(const StageVars &v, CoreStages &core,
-                                            Halide::Func context_tiles, const Halide::Expr &rows,
-                                            const Halide::Expr &head_dim,
-                                            const Halide::Expr &value_dim,
-                                            const Halide::Expr &mask_keys_dense,
-                                            const ScheduleParams &sp) {
+// `grouped_core`, where given (a paged cache, which holds each slot's key/value heads side by
+// side), is the same stages for grouped heads (rows > 1) where `all_keys` holds (no window
+// leaves keys out): one task per batch row, each tile of keys taken by every key/value head in
+// turn, so that its reads are whole slot rows rather than one head's piece of each (about a
+// third less time at 8,192 keys, bench/RESULTS.md); weights·V then sums block by block of keys
+// (the windowed kernels' key blocks, ScoreMasks::key_block) into the row's context in memory.
+inline void schedule_single_query_attention(
+    const StageVars &v, CoreStages &core, CoreStages *grouped_core, const Halide::Expr &all_keys,
+    Halide::Func context_tiles, const Halide::Expr &rows, const Halide::Expr &head_dim,
+    const Halide::Expr &value_dim, const Halide::Expr &mask_keys_dense, const ScheduleParams &sp) {
     using namespace Halide;
     constexpr int kRowTile = 4;
     const std::vector<int> model_head_dims = {32, 64, 128, 256};
     const int vec = sp.vector_lanes, accumulators = sp.pv_vectors * sp.pv_rows;
     const auto whole = TailStrategy::RoundUp;
-    Var co("co"), ci("ci"), io("io"), ii("ii"), jo("jo"), ji("ji"), lane("lane");
-    RVar rco("rco"), rci("rci");
+    Var co("co"), ci("ci"), io("io"), ii("ii");
     context_tiles.compute_root();
-    const auto tile = [&](Stage stage, int cols, int tile_rows) {
+    // Row tiles, heads and batch rows are separate parallel loops (see schedule_attention); a
+    // grouped core's tasks are its batch rows.
+    const auto tile = [&](Stage stage, int cols, int tile_rows, bool per_row) {
         stage.split(v.c, co, ci, cols, whole)
             .split(v.i, io, ii, tile_rows, whole)
             .reorder(ci, ii, co, io, v.h, v.b)
             .vectorize(ci, vec)
             .unroll(ci)
             .unroll(ii);
-        // Row tiles, heads and batch rows are separate parallel loops (see schedule_attention).
-        fork_over_cores(stage, io, sp, LoopWork::streaming);
-        fork_over_cores(stage, v.h, sp, LoopWork::streaming);
+        if (!per_row) {
+            fork_over_cores(stage, io, sp, LoopWork::streaming);
+            fork_over_cores(stage, v.h, sp, LoopWork::streaming);
+        }
         fork_over_cores(stage, v.b, sp, LoopWork::streaming);
     };
     const int tile_vectors = std::max(1, accumulators / kRowTile);
-    Stage grouped = context_tiles.specialize(rows > 1);
-    for (int d : model_head_dims) {
-        const Expr model = head_dim == d && value_dim == d;
-        tile(grouped.specialize(model), std::min(d, tile_vectors * vec), kRowTile);
+    // Nested so that each branch knows `all_keys` and `rows > 1` apart, which decides the
+    // generator's choice of core (one simplifies away, with the stages only it reads).
+    const auto tiles = [&](Stage stage, bool grouped_per_row) {
+        Stage grouped = stage.specialize(rows > 1);
+        for (int d : model_head_dims) {
+            const Expr model = head_dim == d && value_dim == d;
+            tile(grouped.specialize(model), std::min(d, tile_vectors * vec), kRowTile,
+                 grouped_per_row);
+        }
+        tile(grouped, vec, kRowTile, grouped_per_row);
+        for (int d : model_head_dims) {
+            tile(stage.specialize(head_dim == d && value_dim == d), std::min(d, 8 * vec), 1, false);
+        }
+        tile(stage, vec, 1, false);
+    };
+    if (grouped_core != nullptr) {
+        tiles(context_tiles.specialize(all_keys), true);
     }
-    tile(grouped, vec, kRowTile);
-    for (int d : model_head_dims) {
-        tile(context_tiles.specialize(head_dim == d && value_dim == d), std::min(d, 8 * vec), 1);
-    }
-    tile(context_tiles, vec, 1);
-    const std::vector<RVar> keys = core.softmax.causal
-                                       ? std::vector<RVar>{core.context.j.y, core.context.j.x}
-                                       : std::vector<RVar>{core.context.j.x};
-    schedule_register_tile(core.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys, vec);
+    tiles(context_tiles, false);
 
-    // Q·Kᵀ: the lanes of each key's partial sums over the features, then the sums of a row's
-    // keys in flight at once (vectorized over keys); the keys in flight fill the accumulators of
-    // a tile of kRowTile rows (one row takes as many keys).
-    const int keys_in_flight = tile_vectors;
-    Func dot = core.scores.dot;
-    dot.store_at(context_tiles, io).compute_at(context_tiles, io);
-    Func partial = dot.update().split(core.scores.c.x, rco, rci, vec).rfactor(rci, lane);
-    dot.update()
-        .split(v.j, jo, ji, keys_in_flight, whole)
-        .reorder(rci, ji, v.i, jo)
-        .atomic()
-        .vectorize(rci)
-        .vectorize(ji)
-        .unroll(v.i);
-    partial.compute_at(dot, jo)
-        .reorder_storage(lane, v.j, v.i)
-        .vectorize(lane)
-        .unroll(v.j)
-        .unroll(v.i);
-    partial.update().reorder(lane, v.j, v.i, rco).vectorize(lane).unroll(v.j).unroll(v.i);
-    MaskedSoftmax &sm = core.softmax;
-    sm.weights.compute_at(context_tiles, io).vectorize(v.j, vec, whole);
-    schedule_softmax_tile(v, sm, context_tiles, io, io, sp);
+    const auto schedule_core = [&](CoreStages &c, bool per_row) {
+        Var jo("jo"), ji("ji"), lane("lane"), ro("ro"), ri("ri"), cot("cot"), cit("cit"), u("u");
+        RVar rco("rco"), rci("rci");
+        // Per row: the context in memory, summed block by block of keys (rfactor), each block
+        // taken by every key/value head's register tiles in turn. Else a register tile over all
+        // of its keys per tile of context_tiles.
+        if (per_row) {
+            Func acc = c.context.result;
+            const RVar block = c.context.j.x;
+            Func blocks = acc.update().rfactor(block, u);
+            acc.compute_at(context_tiles, v.b).vectorize(v.c, vec);
+            acc.update()
+                .split(v.c, cot, cit, tile_vectors * vec, TailStrategy::GuardWithIf)
+                .split(v.i, ro, ri, kRowTile, TailStrategy::GuardWithIf)
+                .reorder(cit, ri, cot, ro, v.h, block)
+                .vectorize(cit, vec);
+            blocks.bound_extent(v.c, tile_vectors * vec).bound_extent(v.i, kRowTile);
+            schedule_register_tile(blocks, LoopLevel(acc, cot), v.c, v.i, {c.context.j.y}, vec);
+        } else {
+            const std::vector<RVar> keys = c.softmax.causal
+                                               ? std::vector<RVar>{c.context.j.y, c.context.j.x}
+                                               : std::vector<RVar>{c.context.j.x};
+            schedule_register_tile(c.context.result, LoopLevel(context_tiles, co), v.c, v.i, keys,
+                                   vec);
+        }
+        // Q·Kᵀ: the lanes of each key's partial sums over the features, then the sums of a
+        // row's keys in flight at once (vectorized over keys); the keys in flight fill the
+        // accumulators of a tile of kRowTile rows (one row takes as many keys). Per row, each
+        // tile of keys is taken by every key/value head in turn.
+        const int keys_in_flight = tile_vectors;
+        const Var task = per_row ? v.b : io;
+        Func dot = c.scores.dot;
+        dot.store_at(context_tiles, task).compute_at(context_tiles, task);
+        Func partial = dot.update().split(c.scores.c.x, rco, rci, vec).rfactor(rci, lane);
+        dot.update().split(v.j, jo, ji, keys_in_flight, whole);
+        if (per_row) {
+            dot.update()
+                .split(v.i, ro, ri, kRowTile, whole)
+                .reorder(rci, ji, ri, ro, v.h, jo)
+                .unroll(ri);
+        } else {
+            dot.update().reorder(rci, ji, v.i, jo).unroll(v.i);
+        }
+        dot.update().atomic().vectorize(rci).vectorize(ji);
+        partial.compute_at(dot, per_row ? ro : jo)
+            .reorder_storage(lane, v.j, v.i)
+            .vectorize(lane)
+            .unroll(v.j)
+            .unroll(v.i);
+        partial.update().reorder(lane, v.j, v.i, rco).vectorize(lane).unroll(v.j).unroll(v.i);
+        MaskedSoftmax &sm = c.softmax;
+        sm.weights.compute_at(context_tiles, task).vectorize(v.j, vec, whole);
+        schedule_softmax_tile(v, sm, context_tiles, task, task, sp);
+    };
+    schedule_core(core, false);
+    if (grouped_core != nullptr) {
+        schedule_core(*grouped_core, true);
+    }
     if (mask_keys_dense.defined()) {
         context_tiles.specialize(mask_keys_dense);
     }

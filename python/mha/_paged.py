@@ -84,8 +84,8 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     None: all); ``softcap`` and ``alibi_slopes`` [H] as ``mha.scaled_dot_product_attention``
     takes them; ``num_splits`` as ``flash_attn_with_kvcache``'s (each sequence's keys in that
     many splits run as tasks of their own, merged by log-sum-exp; 0 chooses from the threads;
-    a window or ALiBi runs one); ``return_lse`` returns ``(output, lse)``, lse [B, H, 1] in
-    float32. A sequence of no keys gets zeros."""
+    a window that leaves keys out, or ALiBi, runs one); ``return_lse`` returns
+    ``(output, lse)``, lse [B, H, 1] in float32. A sequence of no keys gets zeros."""
     if query.dtype not in _DTYPES:
         raise TypeError(f"query is {query.dtype}: mha computes in float32, bfloat16 or float16")
     for name, tensor in (("query", query), ("key_cache", key_cache),

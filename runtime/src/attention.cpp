@@ -286,12 +286,25 @@ void call_paged_kernel(const PagedParams &p, const T *query, const PagedKvCache<
     core.finish();
 }
 
-// The splits of a paged step's keys: the caller's, or where its tasks (batch rows x key/value
-// heads) are too few for the threads, key_splits' of the longest sequence, of at least 256 keys
-// each; at most one per block. A window or ALiBi (whose offsets count from each split's own last
-// key) runs one.
-int64_t paged_splits(const PagedParams &p, const AttentionOptions &options) {
-    if (options.window_left >= 0 || options.alibi_slopes) {
+// The paged kernels' tasks: grouped query heads (H > Hkv) over all of their keys run one task
+// per sequence, every key/value head inside each tile of keys, where window_start <= -key_len;
+// else a task per (sequence, key/value head). Per sequence is the faster from about 2,048 keys
+// (bench/paged_compare.py), and needs splits to fill the threads (none with ALiBi). Otherwise
+// the step passes window_start = 1 - key_len, which leaves every key visible (the query is at
+// most the last key) and selects per-head tasks.
+bool per_sequence_tasks(const PagedParams &p, const AttentionOptions &options) {
+    constexpr int64_t kPerSequenceKeys = 2048;
+    const AttentionParams &a = p.attention;
+    return a.heads > a.kv_heads && a.window_start <= -a.key_len && !options.alibi_slopes &&
+           p.longest_blocks * p.block_size >= kPerSequenceKeys;
+}
+
+// The splits of a paged step's keys: the caller's, or where its tasks are too few for the
+// threads, key_splits' of the longest sequence, of at least 256 keys each; at most one per block.
+// A window that leaves keys out, or ALiBi (whose offsets count from each split's own last key),
+// runs one.
+int64_t paged_splits(const PagedParams &p, const AttentionOptions &options, bool per_sequence) {
+    if (p.attention.window_start > -p.attention.key_len || options.alibi_slopes) {
         return 1;
     }
     const int64_t blocks = std::max<int64_t>(1, p.longest_blocks);
@@ -299,9 +312,10 @@ int64_t paged_splits(const PagedParams &p, const AttentionOptions &options) {
         return std::min<int64_t>(options.num_splits, blocks);
     }
     constexpr int64_t kMinSplitKeys = 256;
-    const int64_t splits =
-        key_splits(p.attention.batch * p.attention.kv_heads, blocks * p.block_size, pool_threads(),
-                   std::max<int64_t>(kMinSplitKeys, p.block_size));
+    const AttentionParams &a = p.attention;
+    const int64_t tasks = per_sequence ? a.batch : a.batch * a.kv_heads;
+    const int64_t splits = key_splits(tasks, blocks * p.block_size, pool_threads(),
+                                      std::max<int64_t>(kMinSplitKeys, p.block_size));
     return std::min(splits, blocks);
 }
 
@@ -344,7 +358,8 @@ void run_split_paged_attention(const PagedParams &p, const StridedView<const T> 
     AttentionParams &sa = split.attention;
     sa.batch = rows;
     sa.key_len = split_blocks * bs;
-    sa.window_start = int32_t(-sa.key_len);
+    // Every key of the split, with the step's choice of tasks (per_sequence_tasks).
+    sa.window_start = int32_t((p.attention.window_start <= -a.key_len ? 0 : 1) - sa.key_len);
     sa.query = {{rows, H, 1, d}, {H * d, d, d, 1}, 4};
     sa.output = {{rows, H, 1, dv}, {H * dv, dv, dv, 1}, 4};
     sa.has_lse = true;
@@ -392,8 +407,12 @@ template <typename T>
 void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
                          const StridedView<T> &output, const AttentionOptions &options) {
     install_runtime_hooks();
-    const PagedParams p = check_paged_attention(query, cache, output, options);
-    const int64_t splits = paged_splits(p, options);
+    PagedParams p = check_paged_attention(query, cache, output, options);
+    const bool per_sequence = per_sequence_tasks(p, options);
+    const int64_t splits = paged_splits(p, options, per_sequence);
+    if (!per_sequence && p.attention.window_start <= -p.attention.key_len) {
+        p.attention.window_start = int32_t(1 - p.attention.key_len);
+    }
     if (splits > 1) {
         run_split_paged_attention(p, query, cache, output, options, splits);
         return;

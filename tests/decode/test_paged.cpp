@@ -225,6 +225,12 @@ const PagedCase kPagedCases[] = {
     {"5_splits_softcap_multi_query_d_128", 4, 1, 128, 128, 32, {1000, 33}, -1, 3.0, false, 5},
     {"more_splits_than_blocks_d_32_dv_24", 2, 1, 32, 24, 64, {70}, -1, 0, false, 7},
     {"splits_asked_with_window_and_alibi", 4, 2, 72, 72, 32, {90, 260}, 40, 0, true, 4},
+    // From 2,048 keys, grouped heads without a window or ALiBi run a task per sequence, every
+    // key/value head inside each tile of keys: model and other head sizes, softcap, a window
+    // that leaves no key out, sequences of none and of one key beside the long one.
+    {"long_groups_of_4_d_128", 8, 2, 128, 128, 16, {2100, 0, 1, 333}},
+    {"long_groups_of_3_d_72_dv_40_softcap", 6, 2, 72, 40, 32, {2049, 17}, 5000, 4.0},
+    {"long_2_splits_groups_of_2_d_64", 4, 2, 64, 64, 64, {2500}, -1, 0, false, 2},
 };
 
 template <typename T>

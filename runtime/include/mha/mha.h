@@ -366,7 +366,7 @@ struct AttentionOptions {
     // paged_attention only (FlashAttention's num_splits): each sequence's keys in this many
     // splits of whole blocks, run as tasks of their own and merged by log-sum-exp; 0 chooses
     // them from the threads, the batch, the key/value heads and the longest sequence. Steps with
-    // a window or ALiBi run one split.
+    // a window that leaves keys out, or with ALiBi, run one split.
     int num_splits = 0;
 };
 

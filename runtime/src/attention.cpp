@@ -403,11 +403,13 @@ void run_split_paged_attention(const PagedParams &p, const StridedView<const T> 
     }
 }
 
+}  // namespace
+
 template <typename T>
-void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
-                         const StridedView<T> &output, const AttentionOptions &options) {
+void run_checked_paged_attention(PagedParams p, const StridedView<const T> &query,
+                                 const PagedKvCache<T> &cache, const StridedView<T> &output,
+                                 const AttentionOptions &options) {
     install_runtime_hooks();
-    PagedParams p = check_paged_attention(query, cache, output, options);
     const bool per_sequence = per_sequence_tasks(p, options);
     const int64_t splits = paged_splits(p, options, per_sequence);
     if (!per_sequence && p.attention.window_start <= -p.attention.key_len) {
@@ -419,6 +421,24 @@ void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T
     }
     call_paged_kernel(p, query.data, cache, cache.block_table.data, cache.sequence_lengths.data,
                       output.data, options.lse ? options.lse->data : nullptr, options);
+}
+
+#define MHA_CHECKED_PAGED_ATTENTION(T)                                                         \
+    template void run_checked_paged_attention(PagedParams, const StridedView<const T> &,       \
+                                              const PagedKvCache<T> &, const StridedView<T> &, \
+                                              const AttentionOptions &);
+MHA_CHECKED_PAGED_ATTENTION(float)
+MHA_CHECKED_PAGED_ATTENTION(bfloat16)
+MHA_CHECKED_PAGED_ATTENTION(float16)
+#undef MHA_CHECKED_PAGED_ATTENTION
+
+namespace {
+
+template <typename T>
+void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
+                         const StridedView<T> &output, const AttentionOptions &options) {
+    run_checked_paged_attention(check_paged_attention(query, cache, output, options), query, cache,
+                                output, options);
 }
 
 // Rows [first, first + count) of a packed [total, heads, features] view, as the [1, heads,

@@ -81,4 +81,11 @@ template <typename T>
 PagedParams check_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
                                   const StridedView<T> &output, const AttentionOptions &options);
 
+// mha::paged_attention after its check: the module's paged step checks before it writes the
+// cache, then runs the step on the parameters it has.
+template <typename T>
+void run_checked_paged_attention(PagedParams p, const StridedView<const T> &query,
+                                 const PagedKvCache<T> &cache, const StridedView<T> &output,
+                                 const AttentionOptions &options);
+
 }  // namespace mha::detail

@@ -479,7 +479,7 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, const PagedDecodeCache
     }
     write_paged_cache(views.new_keys, views.new_values, cache.key_cache, cache.value_cache,
                       cache.slot_mapping);
-    paged_attention(views.query, views.cache, views.context);
+    detail::run_checked_paged_attention(p, views.query, views.cache, views.context, {});
     detail::convert(contexts.data(), context_rows.data(), B * E);
     detail::project_step_rows(*packed_, ArgId::out_weight, context_rows.data(), B, E,
                               projected.data(), P);

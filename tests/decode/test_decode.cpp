@@ -47,6 +47,13 @@ std::vector<mha::DType> cache_dtypes() {
     return {mha::DType::f32, dtype};
 }
 
+// A test name of a (case, cache dtype) parameter: "<case>_<dtype>_cache".
+template <typename Info>
+std::string case_and_cache_dtype(const Info &info) {
+    return std::string(std::get<0>(info.param).name) + "_" +
+           std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
+}
+
 std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> u(-1, 1);
@@ -198,13 +205,10 @@ TEST_P(DecodeSteps, TruncateAndResetStartOver) {
     decoder.step(std::vector<int64_t>(B, 2));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Awkward, DecodeSteps,
-    ::testing::Combine(::testing::ValuesIn(kDecodeCases), ::testing::ValuesIn(cache_dtypes())),
-    [](const auto &info) {
-        return std::string(std::get<0>(info.param).name) + "_" +
-               std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
-    });
+INSTANTIATE_TEST_SUITE_P(Awkward, DecodeSteps,
+                         ::testing::Combine(::testing::ValuesIn(kDecodeCases),
+                                            ::testing::ValuesIn(cache_dtypes())),
+                         case_and_cache_dtype<::testing::TestParamInfo<DecodeSteps::ParamType>>);
 
 // A sequence decoded in one step, token by token, or in chunks gives the same outputs: a token
 // never sees the step's later tokens, even when the key padding hides every key it does see
@@ -571,10 +575,7 @@ TEST_P(PagedModuleDecode, EveryStepMatchesItsSequence) {
 INSTANTIATE_TEST_SUITE_P(
     Awkward, PagedModuleDecode,
     ::testing::Combine(::testing::ValuesIn(kPagedModuleCases), ::testing::ValuesIn(cache_dtypes())),
-    [](const auto &info) {
-        return std::string(std::get<0>(info.param).name) + "_" +
-               std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
-    });
+    case_and_cache_dtype<::testing::TestParamInfo<PagedModuleDecode::ParamType>>);
 
 // As for a contiguous cache (DecodeAllocations): nothing allocated once a step of as many rows
 // ran, the converted tokens' and output's shapes of a 16-bit module aside.

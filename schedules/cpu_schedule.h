@@ -99,20 +99,23 @@ inline Halide::Func schedule_projection(const StageVars &v, Projection &p,
     return tiles;
 }
 
-// A tile product (tile_product) read by `consumer` whose loop `at` runs over one output tile,
-// as the instruction set's bf16 products do it (ScheduleParams::bf16_products): the tile
-// accumulated over every slice, then stored into a 16 x 16 stack buffer that the consumer reads,
-// or with `stored_by_consumer` straight into the consumer, which must be a plain view of the
-// tiles over one whole tile, vectorized (AMX) or its rows vectorized and unrolled (dot products).
+// A tile product (tile_product) read by `consumer` whose loop `at` runs over one output tile (or
+// `column_tiles` side by side), as the instruction set's bf16 products do it
+// (ScheduleParams::bf16_products): the tile accumulated over every slice, then stored into a
+// 16 x 16 stack buffer that the consumer reads, or with `stored_by_consumer` straight into the
+// consumer, which must be a plain view of the tiles over one whole tile, vectorized (AMX) or
+// its rows vectorized and unrolled (dot products).
 // Every index of the tile is then a constant:
 // - on the matrix engine (x86 AMX), in a tile register, as the AMX lowering needs;
 // - as vdpbf16ps dot products, in 16 vector registers, one per row of 16 f32 lanes, each step of
 //   a pair of reduction features one instruction per row, the row's pair broadcast against the
-//   16 columns' pairs (the right operand's layout, pairs innermost).
+//   16 columns' pairs (the right operand's layout, pairs innermost). With `column_tiles` > 1,
+//   that many adjacent tiles at once, each in row blocks of 16 / column_tiles: a broadcast pair
+//   serves one product per tile (on Zen 4 a load per product bounded the 16 x 16 tile).
 // Consumers read whole tiles through the product's % and / views.
 inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halide::Func consumer,
                                   const Halide::Var &at, contract::Bf16Products products,
-                                  bool stored_by_consumer = false) {
+                                  bool stored_by_consumer = false, int column_tiles = 1) {
     using namespace Halide;
     const std::vector<Var> tile = acc.args();  // (lane, row, column tile, row tile, outer...)
     const bool dot_pairs = products == contract::Bf16Products::dot_pairs;
@@ -120,7 +123,8 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
     if (!stored_by_consumer) {
         Func copy = acc.in(consumer);
         copy.compute_at(consumer, at).store_in(MemoryType::Stack);
-        for (size_t d = 2; d < tile.size(); d++) {
+        copy.bound_storage(tile[2], column_tiles);
+        for (size_t d = 3; d < tile.size(); d++) {
             copy.bound_storage(tile[d], 1);
         }
         copy.align_storage(tile[0], 2 * contract::kBf16TileWidth).vectorize(tile[0]);
@@ -130,6 +134,12 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
             copy.vectorize(tile[1]);
         }
         tile_level = LoopLevel(copy, tile[2]);
+        if (column_tiles > 1) {
+            Var half("half"), rows("rows");
+            copy.split(tile[1], half, rows, contract::kBf16TileWidth / column_tiles)
+                .reorder(tile[0], rows, tile[2], half);
+            tile_level = LoopLevel(copy, half);
+        }
     }
     if (dot_pairs) {
         // Every index of the tile a constant, so that its 16 rows stay in registers: a consumer
@@ -140,15 +150,23 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
             .store_in(MemoryType::Register)
             .vectorize(tile[0])
             .unroll(tile[1]);
-        std::vector<VarOrRVar> order = {pair, tile[0], tile[1], pairs, k.y};
-        order.insert(order.end(), tile.begin() + 2, tile.end());
-        acc.update()
-            .split(k.x, pairs, pair, 2)
+        // Several column tiles: all of them inside each step of pairs, as one register block.
+        const size_t inner = column_tiles > 1 ? 3 : 2;
+        std::vector<VarOrRVar> order(tile.begin(), tile.begin() + inner);
+        order.insert(order.begin(), pair);
+        order.insert(order.end(), {pairs, k.y});
+        order.insert(order.end(), tile.begin() + inner, tile.end());
+        Stage update = acc.update();
+        update.split(k.x, pairs, pair, 2)
             .reorder(order)
             .atomic()
             .vectorize(pair)
             .vectorize(tile[0])
             .unroll(tile[1]);
+        if (column_tiles > 1) {
+            acc.unroll(tile[2]);
+            update.unroll(tile[2]);
+        }
         return;
     }
     acc.compute_at(tile_level).store_in(MemoryType::AMXTile).vectorize(tile[0]).vectorize(tile[1]);
@@ -167,22 +185,25 @@ inline void schedule_tile_product(Halide::Func acc, const Halide::RDom &k, Halid
 inline void schedule_tiled_projection(const StageVars &v, Projection &p, const ScheduleParams &sp) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth, tasks = 8;
+    // Dot products: two column tiles at once (8 rows of each), so that each row's broadcast
+    // pair serves two products; out_features, padded to kMaxTile, holds whole pairs of tiles.
+    const int column_tiles = sp.bf16_products == contract::Bf16Products::dot_pairs ? 2 : 1;
     Var ro("ro"), ri("ri"), rb("rb"), eo("eo"), ei("ei"), ec("ec");
     const std::vector<Var> strip = p.strips.args();  // (feature, row, slice, strip)
     const Expr run = clamp(p.row_count / (tasks * width), 1, 4);
     const Expr row_tasks = (p.row_count + run * width - 1) / (run * width);
-    const Expr column_tiles = p.out_features / width;
-    const Expr column_tasks = clamp(tasks / row_tasks, 1, column_tiles);
+    const Expr column_blocks = p.out_features / (width * column_tiles);
+    const Expr column_tasks = clamp(tasks / row_tasks, 1, column_blocks);
     p.result.compute_root()
         .bound(v.e, 0, p.out_features)
         .bound(v.r, 0, contract::round_up(p.row_count, width));
     const auto schedule_tasks = [&](Stage stage, bool share_columns) {
         stage.split(v.r, ro, ri, width)
             .split(ro, rb, ro, run, TailStrategy::GuardWithIf)
-            .split(v.e, eo, ei, width);
+            .split(v.e, eo, ei, width * column_tiles);
         if (share_columns) {
             stage
-                .split(eo, ec, eo, (column_tiles + column_tasks - 1) / column_tasks,
+                .split(eo, ec, eo, (column_blocks + column_tasks - 1) / column_tasks,
                        TailStrategy::GuardWithIf)
                 .reorder(ei, ri, ro, eo, ec, rb);
             fork_over_cores(stage, ec, sp, LoopWork::streaming);
@@ -195,7 +216,7 @@ inline void schedule_tiled_projection(const StageVars &v, Projection &p, const S
     schedule_tasks(p.result.specialize(row_tasks < tasks), true);
     schedule_tasks(p.result, false);
     p.strips.compute_at(p.result, rb).vectorize(strip[0], contract::kBf16TileDepth);
-    schedule_tile_product(p.tiles, p.k, p.result, ro, sp.bf16_products);
+    schedule_tile_product(p.tiles, p.k, p.result, ro, sp.bf16_products, false, column_tiles);
 }
 
 // The masked softmax of an attention tile computed at `tile_loop` of `owner` (its buffers stored

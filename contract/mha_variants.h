@@ -346,16 +346,17 @@ struct KernelVariant {
                cache == o.cache && paged == o.paged;
     }
     // Which CPU instruction sets compile it: those of its dtype. The attention core's bf16
-    // kernels are dot products of pairs, which CPUs with AMX run too: those of avx512bf16 serve
-    // both. A decode step is bound by the bytes of its weights and cache, which every f32
-    // instruction set reads in each dtype, widening them to f32 as it reads; so is a step over a
-    // paged cache.
+    // kernels of many query rows are tile products on AMX, dot products of pairs elsewhere; of
+    // one query row (bound by the bytes of K and V), avx512bf16's serve CPUs with AMX too. A
+    // decode step is bound by the bytes of its weights and cache, which every f32 instruction
+    // set reads in each dtype, widening them to f32 as it reads; so is a step over a paged cache.
     constexpr bool compiled_for(const CpuIsa &isa) const {
         if (op == KernelOp::qkv_projection || op == KernelOp::decode || paged) {
             return isa.dtype == DType::f32;
         }
-        return isa.dtype == dtype && (op != KernelOp::attention || dtype == DType::f32 ||
-                                      isa.bf16_products == Bf16Products::dot_pairs);
+        return isa.dtype == dtype &&
+               (op != KernelOp::attention || dtype == DType::f32 ||
+                isa.bf16_products == Bf16Products::dot_pairs || !single_query);
     }
     // Decode steps and attention kernels run on the CPU only; forward kernels of every dtype on
     // GPUs, and on the CPU those of a dtype an instruction set computes in (f32, and bf16 as
@@ -380,8 +381,8 @@ struct KernelVariant {
 // key-padding mask over the cache or none, in each dtype of the weights, over a cache of the
 // weights' dtype or f32 (f32 weights: of each dtype). The weights averaged over heads. The
 // attention core: every mask kind x within a window or not x modified scores or not x one query row
-// or any, in f32 and in bf16 (for AVX512_BF16's dot products, reading 16-bit Q, K and V in place);
-// over a paged cache, in each dtype.
+// or any, in f32 and in bf16 (AMX's tile products or AVX512_BF16's dot products, reading 16-bit
+// Q, K and V in place); over a paged cache, in each dtype.
 inline constexpr std::array<KernelVariant, 141> kKernelVariants = [] {
     std::array<KernelVariant, 141> all{};
     size_t n = 0;

@@ -14,6 +14,7 @@ namespace mha {
 struct CoreInputs {
     Halide::Func q_heads, k_heads, v_heads;  // (c, i, h, b); (c, j, key/value head, b)
     Halide::Expr head_dim, query_len, num_keys;
+    Halide::Expr value_dim;           // of V's heads; undefined: head_dim
     Halide::Expr kv_heads, kv_group;  // query head h reads key/value head h / kv_group
     Halide::Expr scale;               // of q·kᵀ; undefined: 1 / sqrt(head_dim)
     // The masks, the visible keys and the scores' modifications (ScoreMasks); a causal order, a
@@ -27,6 +28,10 @@ struct CoreInputs {
     bool recompute_scores = false;    // separate copies for the row max and sum (ScoreSources)
     bool tile_products = false;       // Q·Kᵀ and weights·V as bf16 tile products
     bool dot_pairs = false;           // ... or as bf16 dot products over pairs, in the same loops
+    bool bf16_context = false;        // tile products: the context rounded to bf16 (else f32)
+    // K and V may be read at any key (their reads clamped), past the last: the tiled weights·V
+    // then reads the weights of whole slices of keys as they lie, and Q·Kᵀ's tiles span them.
+    bool keys_read_anywhere = false;
 };
 
 struct CoreStages {
@@ -42,11 +47,15 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
     using Halide::Func;
     CoreStages core;
     const Halide::Expr d = in.head_dim, group = in.kv_group;
-    core.scores =
-        in.tile_products
-            ? tiled_scaled_scores(v, in.q_heads, in.k_heads, d, in.num_keys, in.kv_heads, group)
-        : in.dot_pairs ? paired_scaled_scores(v, in.q_heads, in.k_heads, d, group, in.scale)
-                       : scaled_scores(v, in.q_heads, in.k_heads, d, "", group, in.scale);
+    const Halide::Expr dv = in.value_dim.defined() ? in.value_dim : d;
+    const int slice = contract::kBf16TileDepth;
+    const Halide::Expr score_keys =
+        in.keys_read_anywhere ? (in.num_keys + slice - 1) / slice * slice : in.num_keys;
+    core.scores = in.tile_products ? tiled_scaled_scores(v, in.q_heads, in.k_heads, d, score_keys,
+                                                         in.kv_heads, group, in.scale)
+                  : in.dot_pairs
+                      ? paired_scaled_scores(v, in.q_heads, in.k_heads, d, group, in.scale)
+                      : scaled_scores(v, in.q_heads, in.k_heads, d, "", group, in.scale);
     ScoreSources sources{core.scores.result, core.scores.result, core.scores.result};
     if (in.recompute_scores) {
         core.stat_scores = {
@@ -86,7 +95,8 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
     core.weights_for_values = weights;
     core.context =
         in.tile_products
-            ? tiled_attend_values(v, weights, in.v_heads, d, in.num_keys, in.kv_heads, group)
+            ? tiled_attend_values(v, weights, in.v_heads, dv, in.num_keys, in.kv_heads, group,
+                                  in.bf16_context, blocks, in.keys_read_anywhere)
             : attend_values(v, weights, in.v_heads, in.num_keys, blocks, group, in.dot_pairs);
     return core;
 }

@@ -139,6 +139,7 @@ inline ForwardStages define_forward(const ForwardInputs &in) {
     core.weights_are_output = in.weights_are_output;
     core.recompute_scores = in.recompute_scores;
     core.tile_products = in.tile_products;
+    core.bf16_context = in.tile_products;  // what the output projection's strips read
     f.core = define_attention_core(v, core);
     f.merged = merge_heads(v, f.core.context.result, f.head_dim);
     f.out_proj = project(token_rows(v, f.merged, Sq, B, "merged_rows"), in.out_weight_t,

@@ -517,12 +517,14 @@ public:
             per_row(v.j, v.i, v.h, v.b) = f(v.j, position, query_head(v.i, v.h), v.b);
             return per_row;
         };
-        // bf16 rows of many queries multiply as dot products over pairs (vdpbf16ps, which CPUs
-        // with AMX have too; the core has no AMX tile form yet); one bf16 query row is read in
-        // place and widened, its step bound by the bytes of K and V.
-        const bool dot_pairs = dtype == mha::DType::bf16 && !single_query;
+        // bf16 rows of many queries multiply as tile products on the matrix engine (AMX), or as
+        // dot products over pairs (vdpbf16ps); one bf16 query row is read in place and widened,
+        // its step bound by the bytes of K and V.
+        const bool bf16_products = dtype == mha::DType::bf16 && !single_query;
+        const bool amx =
+            mha::cpu_isa_of(get_target()).bf16_products == mha::contract::Bf16Products::amx_tiles;
         const auto as_read = [&](const Expr &x) {
-            return dot_pairs ? x : cast<float>(x);
+            return bf16_products ? x : cast<float>(x);
         };
         // Whole tiles read past the last query, key and value feature: the edges repeat.
         Func q_heads("q_heads");
@@ -535,6 +537,7 @@ public:
         in.k_heads = k_heads_;
         in.v_heads = v_heads_;
         in.head_dim = d;
+        in.value_dim = dv;
         core_rows_ = single_query ? group : Sq;
         in.query_len = core_rows_;
         in.num_keys = Sk;
@@ -543,7 +546,9 @@ public:
             in.kv_group = group;
         }
         in.scale = args_.scalar(ArgId::scale);
-        in.dot_pairs = dot_pairs;
+        in.tile_products = bf16_products && amx;
+        in.keys_read_anywhere = true;  // k_heads_ and v_heads_ clamp the key
+        in.dot_pairs = bf16_products && !amx;
         in.masks.blocked = mha::BlockedKeys::left_out;
         if (mask_kind != mha::contract::MaskKind::none) {
             const bool bytes = mask_kind == mha::contract::MaskKind::bytes;
@@ -610,6 +615,9 @@ public:
             mha::cpu::schedule_single_query_attention(
                 v, core_, paged ? &grouped_core_ : nullptr, all_keys_, context_and_lse_, core_rows_,
                 head_dim_, value_dim_, mask_keys_dense_, params);
+        } else if (core_.scores.tiled.tiles.defined()) {
+            mha::cpu::schedule_tiled_attention(v, core_, context_and_lse_, query_len_, value_dim_,
+                                               mask_keys_dense_, false, params);
         } else {
             mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,
                                          num_keys_, mask_keys_dense_, false, false, params);

@@ -125,18 +125,23 @@ inline Halide::Expr as_bf16(const Halide::Expr &x) {
 // outer pure dimensions (head, batch) and each operand's call arguments for them.
 
 // strips(kk, ri, kt, rt, outer...) = source(kt·depth + kk, rt·width + ri, outer...) in bf16.
+// A source `defined_past_features` is read there as it is (dense loads; the values are
+// discarded), any other at its last feature.
 inline Halide::Func bf16_strips(const Halide::Func &source, const Halide::Expr &features,
-                                const std::vector<Halide::Var> &outer, const std::string &name) {
+                                const std::vector<Halide::Var> &outer, const std::string &name,
+                                bool defined_past_features = false) {
     using namespace Halide;
     const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
     Var kk("kk"), ri("ri"), kt("kt"), rt("rt");
     std::vector<Var> args = {kk, ri, kt, rt};
-    std::vector<Expr> read = {min(kt * depth + kk, features - 1), rt * width + ri};
+    const Expr feature = kt * depth + kk;
+    std::vector<Expr> read = {defined_past_features ? feature : min(feature, features - 1),
+                              rt * width + ri};
     args.insert(args.end(), outer.begin(), outer.end());
     read.insert(read.end(), outer.begin(), outer.end());
     const Expr value = source(read);
     Func strips(name);
-    strips(args) = select(kt * depth + kk < features, as_bf16(value), cast(BFloat(16), 0.0f));
+    strips(args) = select(feature < features, as_bf16(value), cast(BFloat(16), 0.0f));
     return strips;
 }
 
@@ -179,6 +184,9 @@ inline Halide::Expr tile_columns_offset(const Bf16Tiles &packed, const Halide::E
     return (batch_row * heads + head) * packed.column_tiles;
 }
 
+// The row tile argument (rt) of a tile product's tiles, which predicates on its RDom may read.
+inline Halide::Var tile_product_row_tile() { return Halide::Var("rt"); }
+
 // acc(lane, ri, ct, rt, outer...) = sum over the reduction's `features` of
 // strips(k, ri, ·, rt, outer...) · tiles(k, lane of column tile ct + tiles_offset): `k` its RDom
 // (tile_slices).
@@ -189,7 +197,7 @@ inline Halide::Func tile_product(const Halide::Func &strips, const Halide::Func 
     using namespace Halide;
     const int depth = contract::kBf16TileDepth;
     const Expr slices = (features + depth - 1) / depth;
-    Var lane("lane"), ri("ri"), ct("ct"), rt("rt");
+    Var lane("lane"), ri("ri"), ct("ct"), rt = tile_product_row_tile();
     std::vector<Var> args = {lane, ri, ct, rt};
     std::vector<Expr> a = {k.x, ri, k.y, rt};
     args.insert(args.end(), outer.begin(), outer.end());
@@ -315,14 +323,15 @@ inline ScaledScores paired_scaled_scores(const StageVars &v, const Halide::Func 
 // An attention product per (head, batch row) as a tile product: left(feature, row, h, b) staged
 // as strips, right(feature, column, key head, b) packed as tiles once per key head (`columns` of
 // them), over the reduction's `features` (`k` its RDom); `names`: of the strips, the packed tiles
-// and the product.
+// and the product; `left_defined_past_features`: see bf16_strips.
 inline HeadTileProduct head_tile_product(const StageVars &v, const Halide::Func &left,
                                          const Halide::Func &right, const Halide::Expr &features,
                                          const Halide::Expr &columns, const Halide::RDom &k,
                                          const Halide::Expr &kv_heads, const Halide::Expr &kv_group,
-                                         const std::array<std::string, 3> &names) {
+                                         const std::array<std::string, 3> &names,
+                                         bool left_defined_past_features = false) {
     HeadTileProduct p;
-    p.strips = bf16_strips(left, features, {v.h, v.b}, names[0]);
+    p.strips = bf16_strips(left, features, {v.h, v.b}, names[0], left_defined_past_features);
     p.packed = bf16_tiles(right, features, columns, kv_heads, names[1]);
     p.tiles = tile_product(p.strips, p.packed.tiles, features, k, {v.h, v.b},
                            tile_columns_offset(p.packed, kv_head_of(v, kv_group), kv_heads, v.b),
@@ -332,11 +341,12 @@ inline HeadTileProduct head_tile_product(const StageVars &v, const Halide::Func 
 
 // The same scores as a tile product (see tile_product): each head's query features staged as
 // strips, its key features as tiles (computed once per key head), in f32 tiles of 16 keys x 16
-// queries that `dot` reads.
+// queries that `dot` reads; scale 1 / sqrt(d) unless given.
 inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &q_heads,
                                         const Halide::Func &k_heads, const Halide::Expr &head_dim,
                                         const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
-                                        const Halide::Expr &kv_group) {
+                                        const Halide::Expr &kv_group,
+                                        const Halide::Expr &scale = Halide::Expr()) {
     using namespace Halide;
     ScaledScores s;
     s.dot = Func("qk_dot");
@@ -345,7 +355,8 @@ inline ScaledScores tiled_scaled_scores(const StageVars &v, const Halide::Func &
     s.tiled = head_tile_product(v, q_heads, k_heads, head_dim, num_keys, s.c, kv_heads, kv_group,
                                 {"q_strips", "k_tiles", "qk_tiles"});
     s.dot(v.j, v.i, v.h, v.b) = tile_element(s.tiled.tiles, v.j, v.i, {v.h, v.b});
-    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * (1.0f / sqrt(cast<float>(head_dim)));
+    const Expr factor = scale.defined() ? scale : 1.0f / sqrt(cast<float>(head_dim));
+    s.result(v.j, v.i, v.h, v.b) = s.dot(v.j, v.i, v.h, v.b) * factor;
     return s;
 }
 
@@ -632,22 +643,36 @@ inline AttendValues attend_values(const StageVars &v, const Halide::Func &weight
 
 // The same weights·V as a tile product: each query tile's weights staged as bf16 strips over the
 // keys (keys past the last read as zero), each key head's values as tiles, in f32 tiles of 16
-// features x 16 queries, the context rounded to bf16 (what the output projection reads). Causal
-// rows run over every key: their hidden keys weigh exactly 0.
+// features x 16 queries; with `bf16_result`, the context rounded to bf16 (what the output
+// projection reads), else a plain view of the tiles. With `causal` visible keys, a query tile
+// reads the slices of keys from its first row's first visible key to its last row's last only:
+// every other key weighs exactly 0 for each of its rows. `weights_past_keys`: the weights may be
+// read past the last key (see bf16_strips).
 inline AttendValues tiled_attend_values(const StageVars &v, const Halide::Func &weights,
                                         const Halide::Func &v_heads, const Halide::Expr &head_dim,
                                         const Halide::Expr &num_keys, const Halide::Expr &kv_heads,
-                                        const Halide::Expr &kv_group) {
+                                        const Halide::Expr &kv_group, bool bf16_result,
+                                        const CausalBlocks &causal, bool weights_past_keys) {
     using namespace Halide;
+    const int width = contract::kBf16TileWidth, depth = contract::kBf16TileDepth;
     AttendValues a;
     a.result = Func("attend_values");
     a.j = tile_slices(num_keys, "values_j");
+    const Expr first_row = tile_product_row_tile() * width;
+    if (causal.visible_keys.defined()) {
+        a.j.where(a.j.y <
+                  (causal.visible_keys(first_row + width - 1, v.h, v.b) + depth - 1) / depth);
+    }
+    if (causal.first_visible.defined()) {
+        a.j.where(a.j.y >= causal.first_visible(first_row, v.h, v.b) / depth);
+    }
     Func values_by_key("values_by_key");
     values_by_key(v.j, v.c, v.h, v.b) = v_heads(v.c, v.j, v.h, v.b);
-    a.tiled = head_tile_product(v, weights, values_by_key, num_keys, head_dim, a.j, kv_heads,
-                                kv_group, {"weight_strips", "v_tiles", "pv_tiles"});
-    a.result(v.c, v.i, v.h, v.b) =
-        rounded_to_bf16(tile_element(a.tiled.tiles, v.c, v.i, {v.h, v.b}));
+    a.tiled =
+        head_tile_product(v, weights, values_by_key, num_keys, head_dim, a.j, kv_heads, kv_group,
+                          {"weight_strips", "v_tiles", "pv_tiles"}, weights_past_keys);
+    const Expr context = tile_element(a.tiled.tiles, v.c, v.i, {v.h, v.b});
+    a.result(v.c, v.i, v.h, v.b) = bf16_result ? rounded_to_bf16(context) : context;
     return a;
 }
 

@@ -304,18 +304,21 @@ inline std::pair<Halide::Var, Halide::Var> schedule_weights_output(
 // scores against every key as tile products, the masked softmax in f32, its weights staged as bf16
 // strips, weights·V as tile products. Keys and values are packed as tiles once per call. Without
 // weights requested no [B, H, Sq, Sk] tensor exists; with them, the softmax is the weights
-// output's, per row tile, and weights·V reads them back.
-inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
+// output's, per row tile, and weights·V reads them back. `values` is what is computed at root in
+// those tiles, in merged-head order: the core's context, or a Func that reads it (a plain view of
+// the tiles then, stored into at each tile) and the softmax's row statistics.
+inline void schedule_tiled_attention(const StageVars &v, CoreStages &core, Halide::Func values,
+                                     const Halide::Expr &query_len, const Halide::Expr &value_dim,
+                                     const Halide::Expr &mask_keys_dense, bool weights_are_output,
                                      const ScheduleParams &sp) {
     using namespace Halide;
-    const StageVars &v = f.v;
     const int width = contract::kBf16TileWidth;
     const auto guard = TailStrategy::GuardWithIf;
-    const Expr query_tiles = (f.query_len + width - 1) / width;
+    const Expr query_tiles = (query_len + width - 1) / width;
     const Expr tiles_per_task = max(1, (query_tiles + sp.tasks_per_head - 1) / sp.tasks_per_head);
-    ScaledScores &scores = f.core.scores;
-    AttendValues &context = f.core.context;
-    MaskedSoftmax &sm = f.core.softmax;
+    ScaledScores &scores = core.scores;
+    AttendValues &context = core.context;
+    MaskedSoftmax &sm = core.softmax;
 
     // Keys and values packed as tiles, in loops that read the projections' token rows in order:
     // a tile's pairs innermost, then the features (of K: its slices; of V: its column tiles) and
@@ -342,9 +345,8 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
 
     // weights·V, stored in merged-head order for the output projection.
     Var io("io"), ii("ii"), iop("iop"), iot("iot"), co("co"), ci("ci"), task("task");
-    Func values = context.result;
     values.compute_root()
-        .bound(v.c, 0, contract::round_up(f.head_dim, width))
+        .bound(v.c, 0, contract::round_up(value_dim, width))
         .align_bounds(v.i, width)
         .reorder_storage(v.c, v.h, v.i, v.b)
         .split(v.i, io, ii, width)
@@ -357,7 +359,27 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
         .fuse(iop, v.h, task)
         .fuse(task, v.b, task);
     fork_over_cores(values, task, sp);
-    schedule_tile_product(context.tiled.tiles, context.j, values, co, sp.bf16_products);
+    if (values.name() == context.result.name()) {
+        schedule_tile_product(context.tiled.tiles, context.j, values, co, sp.bf16_products);
+    } else {
+        Var tile_c("tile_c"), tile_i("tile_i");
+        // Rows 2 tiles wide: the tile store wants row strides (a 16-wide buffer is one ramp).
+        context.result.compute_at(values, co)
+            .align_bounds(v.c, width)
+            .align_bounds(v.i, width)
+            .align_storage(v.c, 2 * width)
+            .split(v.c, tile_c, v.c, width)
+            .split(v.i, tile_i, v.i, width)
+            .reorder(v.c, v.i, tile_c, tile_i)
+            .vectorize(v.c);
+        if (sp.bf16_products == contract::Bf16Products::dot_pairs) {
+            context.result.unroll(v.i);
+        } else {
+            context.result.vectorize(v.i);
+        }
+        schedule_tile_product(context.tiled.tiles, context.j, context.result, tile_c,
+                              sp.bf16_products, true);
+    }
     context.tiled.strips.store_at(values, task)
         .compute_at(values, iot)
         .fold_storage(context.tiled.strips.args()[3], 1)
@@ -400,8 +422,8 @@ inline void schedule_tiled_attention(ForwardStages &f, bool weights_are_output,
     for (Func tile_buffer : {scores.dot, sm.exps, sm.row_max, sm.row_sum, sm.inv_sum}) {
         tile_buffer.fold_storage(v.i, width);
     }
-    if (f.mask_keys_dense.defined()) {
-        owner.specialize(f.mask_keys_dense);
+    if (mask_keys_dense.defined()) {
+        owner.specialize(mask_keys_dense);
     }
 }
 
@@ -767,7 +789,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     }
 
     if (f.core.scores.tiled.tiles.defined()) {
-        schedule_tiled_attention(f, weights_are_output, sp);
+        schedule_tiled_attention(v, f.core, f.core.context.result, f.query_len, f.head_dim,
+                                 f.mask_keys_dense, weights_are_output, sp);
         return;
     }
     // K's heads are views of the projection, whose features are padded past every head's

@@ -58,9 +58,9 @@ const CompiledKernel &select_kernel(const AttentionParams &p) {
     const KernelComponent &component = component_for(Device::cpu);
     const int64_t rows = p.batch * p.query_len;
     // bf16 tensors read as they are by the bf16 instruction set that bf16_isa gives for this use
-    // (one query row: wherever the CPU has AVX512_BF16; more: where its dot products outrun the
-    // f32 FMAs), when that set has the variant (the core's bf16 kernels are avx512bf16's alone,
-    // not amx's); every other call on the f32 instruction set, 16-bit tensors widened.
+    // (one query row: wherever the CPU has AVX512_BF16; more: AMX's tile products, or dot
+    // products where they outrun the f32 FMAs); every other call on the f32 instruction set,
+    // 16-bit tensors widened.
     const CompiledKernel *kernel = nullptr;
     if (p.dtype == DType::bf16) {
         const Bf16Use use = v.single_query ? Bf16Use::reads : Bf16Use::products;

@@ -270,8 +270,8 @@ TEST_P(AttentionCore, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, AttentionCore, ::testing::ValuesIn(cases()),
                          [](const auto &info) { return info.param.name; });
 
-// Every f32 case again in bf16: the bf16 kernels (products of bf16 pairs) where the CPU has a
-// bf16 instruction set, the f32 ones on widened tensors elsewhere.
+// Every f32 case again in bf16: the bf16 kernels (AMX's tile products, or products of bf16
+// pairs) where the CPU has a bf16 instruction set, the f32 ones on widened tensors elsewhere.
 std::vector<Case> bf16_cases() {
     std::vector<Case> all;
     for (Case c : cases()) {

@@ -236,20 +236,22 @@ std::string cpu_bf16_isa() {
 }
 
 // bf16 attention reads its tensors in place where the CPU has AVX512_BF16 (and VBMI) and
-// MHA_CPU_ISA leaves it: one query row per head on any such CPU, more rows where a bf16 module
-// runs avx512bf16's dot products (else the f32 kernels on widened tensors).
+// MHA_CPU_ISA leaves it: one query row per head on any such CPU (avx512bf16's kernels), more
+// rows where a bf16 module runs AMX's tile products or avx512bf16's dot products (else the f32
+// kernels on widened tensors).
 TEST(Dtypes16, Bf16AttentionReadsBf16WhereTheCpuCan) {
     const std::string capped = capped_isa();
     const bool reads = cpu_bf16().dot_pairs && (capped == "amx" || capped == "avx512bf16");
-    const bool products = cpu_bf16_isa() == "avx512bf16";
+    const std::string products = cpu_bf16_isa();
     for (const int64_t queries : {1, 7}) {
         const int64_t heads = 4, kv_heads = 2, keys = 19, d = 16;
         std::vector<mha::bfloat16> q(size_t(heads * queries * d)), kv(size_t(kv_heads * keys * d));
         const mha::StridedView<const mha::bfloat16> query{q.data(), {1, heads, queries, d}, {}},
             key{kv.data(), {1, kv_heads, keys, d}, {}};
         const std::string kernel = mha::attention_kernel_name(query, key, key);
-        const bool bf16 = queries == 1 ? reads : products;
-        EXPECT_EQ(kernel.find("_cpu_avx512bf16_") != std::string::npos, bf16) << kernel;
+        const bool bf16 = queries == 1 ? reads : !products.empty();
+        const std::string isa = queries == 1 ? "avx512bf16" : products;
+        EXPECT_EQ(bf16 && kernel.find("_cpu_" + isa + "_") != std::string::npos, bf16) << kernel;
         EXPECT_EQ(kernel.find("_bf16") != std::string::npos, bf16) << kernel;
     }
 }

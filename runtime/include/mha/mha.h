@@ -378,11 +378,11 @@ struct AttentionOptions {
 // to, weighs exactly 0; a query that no key weighs gets a zero output (and -inf in lse); NaN
 // reaches what it touches. bf16 tensors are read as they are where the CPU has AVX512_BF16:
 // one query row per head widened as it is read; more rows, where dispatched_isa(DType::bf16) is
-// "avx512bf16" (AMD's CPUs), with Q·Kᵀ and weights·V as products of bf16 pairs accumulated in
-// f32 (the weights rounded to bf16 first), the softmax in f32. Other 16-bit calls are widened
-// exactly and computed in f32. 16-bit outputs are rounded to the nearest even. Runs on the
-// CPU; may be called from several threads at once. Bad shapes, strides and options raise
-// mha::Error naming the argument.
+// "amx" or "avx512bf16", with Q·Kᵀ and weights·V as AMX tile products or products of bf16
+// pairs, accumulated in f32 (the weights rounded to bf16 first), the softmax in f32. Other
+// 16-bit calls are widened exactly and computed in f32. 16-bit outputs are rounded to the
+// nearest even. Runs on the CPU; may be called from several threads at once. Bad shapes,
+// strides and options raise mha::Error naming the argument.
 void attention(const StridedView<const float> &query, const StridedView<const float> &key,
                const StridedView<const float> &value, const StridedView<float> &output,
                const AttentionOptions &options = {});

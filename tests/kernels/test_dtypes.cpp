@@ -251,7 +251,10 @@ TEST(Dtypes16, Bf16AttentionReadsBf16WhereTheCpuCan) {
         const std::string kernel = mha::attention_kernel_name(query, key, key);
         const bool bf16 = queries == 1 ? reads : !products.empty();
         const std::string isa = queries == 1 ? "avx512bf16" : products;
-        EXPECT_EQ(bf16 && kernel.find("_cpu_" + isa + "_") != std::string::npos, bf16) << kernel;
+        if (bf16) {
+            EXPECT_NE(kernel.find("_cpu_" + isa + "_"), std::string::npos) << kernel;
+        }
+        // The bf16 instruction sets hold bf16 kernels only: without the suffix, an f32 set's.
         EXPECT_EQ(kernel.find("_bf16") != std::string::npos, bf16) << kernel;
     }
 }

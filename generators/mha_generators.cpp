@@ -616,7 +616,7 @@ public:
                 v, core_, paged ? &grouped_core_ : nullptr, all_keys_, context_and_lse_, core_rows_,
                 head_dim_, value_dim_, mask_keys_dense_, params);
         } else if (core_.scores.tiled.tiles.defined()) {
-            mha::cpu::schedule_tiled_attention(v, core_, context_and_lse_, query_len_, value_dim_,
+            mha::cpu::schedule_tiled_attention(v, core_, &context_and_lse_, query_len_, value_dim_,
                                                mask_keys_dense_, false, params);
         } else {
             mha::cpu::schedule_attention(v, core_, context_and_lse_, k_heads_, v_heads_, query_len_,

@@ -304,10 +304,12 @@ inline std::pair<Halide::Var, Halide::Var> schedule_weights_output(
 // scores against every key as tile products, the masked softmax in f32, its weights staged as bf16
 // strips, weights·V as tile products. Keys and values are packed as tiles once per call. Without
 // weights requested no [B, H, Sq, Sk] tensor exists; with them, the softmax is the weights
-// output's, per row tile, and weights·V reads them back. `values` is what is computed at root in
-// those tiles, in merged-head order: the core's context, or a Func that reads it (a plain view of
-// the tiles then, stored into at each tile) and the softmax's row statistics.
-inline void schedule_tiled_attention(const StageVars &v, CoreStages &core, Halide::Func values,
+// output's, per row tile, and weights·V reads them back. What is computed at root in those tiles,
+// in merged-head order: the core's context (`context_reader` null), or `context_reader`, a Func
+// of the context (a plain view of the tiles then, stored into at each tile) and the softmax's row
+// statistics.
+inline void schedule_tiled_attention(const StageVars &v, CoreStages &core,
+                                     const Halide::Func *context_reader,
                                      const Halide::Expr &query_len, const Halide::Expr &value_dim,
                                      const Halide::Expr &mask_keys_dense, bool weights_are_output,
                                      const ScheduleParams &sp) {
@@ -344,6 +346,7 @@ inline void schedule_tiled_attention(const StageVars &v, CoreStages &core, Halid
     }
 
     // weights·V, stored in merged-head order for the output projection.
+    Func values = context_reader != nullptr ? *context_reader : context.result;
     Var io("io"), ii("ii"), iop("iop"), iot("iot"), co("co"), ci("ci"), task("task");
     values.compute_root()
         .bound(v.c, 0, contract::round_up(value_dim, width))
@@ -359,11 +362,12 @@ inline void schedule_tiled_attention(const StageVars &v, CoreStages &core, Halid
         .fuse(iop, v.h, task)
         .fuse(task, v.b, task);
     fork_over_cores(values, task, sp);
-    if (values.name() == context.result.name()) {
+    if (context_reader == nullptr) {
         schedule_tile_product(context.tiled.tiles, context.j, values, co, sp.bf16_products);
     } else {
+        // (Only AMX runs the attention kernels' tiled form.) Rows 2 tiles wide: the tile store
+        // wants row strides (a 16-wide buffer is one ramp).
         Var tile_c("tile_c"), tile_i("tile_i");
-        // Rows 2 tiles wide: the tile store wants row strides (a 16-wide buffer is one ramp).
         context.result.compute_at(values, co)
             .align_bounds(v.c, width)
             .align_bounds(v.i, width)
@@ -371,12 +375,8 @@ inline void schedule_tiled_attention(const StageVars &v, CoreStages &core, Halid
             .split(v.c, tile_c, v.c, width)
             .split(v.i, tile_i, v.i, width)
             .reorder(v.c, v.i, tile_c, tile_i)
-            .vectorize(v.c);
-        if (sp.bf16_products == contract::Bf16Products::dot_pairs) {
-            context.result.unroll(v.i);
-        } else {
-            context.result.vectorize(v.i);
-        }
+            .vectorize(v.c)
+            .vectorize(v.i);
         schedule_tile_product(context.tiled.tiles, context.j, context.result, tile_c,
                               sp.bf16_products, true);
     }
@@ -789,8 +789,8 @@ inline void schedule_forward(ForwardStages &f, bool weights_are_output, const Sc
     }
 
     if (f.core.scores.tiled.tiles.defined()) {
-        schedule_tiled_attention(v, f.core, f.core.context.result, f.query_len, f.head_dim,
-                                 f.mask_keys_dense, weights_are_output, sp);
+        schedule_tiled_attention(v, f.core, nullptr, f.query_len, f.head_dim, f.mask_keys_dense,
+                                 weights_are_output, sp);
         return;
     }
     // K's heads are views of the projection, whose features are padded past every head's

@@ -125,6 +125,29 @@ void for_each_head_element(int64_t B, int64_t S, int64_t H, int64_t d, F f) {
 
 }  // namespace
 
+std::vector<double> rotated(const std::vector<double> &x, int64_t positions, int64_t heads,
+                            int64_t d, const Rotary &r) {
+    const int64_t rotary_dim = r.rotary_dim == 0 ? d : r.rotary_dim, pairs = rotary_dim / 2;
+    const int64_t rows = int64_t(x.size()) / (heads * d);
+    std::vector<double> out = x;
+    for (int64_t t = 0; t < rows; t++) {
+        const int64_t position = t % positions;
+        for (int64_t i = 0; i < pairs; i++) {
+            const double angle =
+                double(position) * std::pow(r.theta, -double(2 * i) / double(rotary_dim));
+            const double c = r.cos.empty() ? std::cos(angle) : r.cos[position * pairs + i];
+            const double s = r.sin.empty() ? std::sin(angle) : r.sin[position * pairs + i];
+            for (int64_t h = 0; h < heads; h++) {
+                const int64_t a = (t * heads + h) * d + (r.interleaved ? 2 * i : i);
+                const int64_t b = a + (r.interleaved ? 1 : pairs);
+                out[a] = x[a] * c - x[b] * s;
+                out[b] = x[b] * c + x[a] * s;
+            }
+        }
+    }
+    return out;
+}
+
 std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
                                 int64_t d) {
     std::vector<double> y(x.size());
@@ -303,15 +326,20 @@ Result forward(const Problem &given) {
     const Dims &m = p.dims;
     const int64_t B = m.batch, Sq = m.query_len, Sk = m.key_len, E = m.embed_dim;
     const int64_t H = m.num_heads, d = m.head_dim();
-    const auto q = linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]);
+    const auto maybe_rotated = [&](std::vector<double> x, int64_t positions, int64_t heads) {
+        return p.rotary ? rotated(x, positions, heads, d, *p.rotary) : x;
+    };
+    const auto q =
+        maybe_rotated(linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]), Sq, H);
     // The projected keys and values as the cache holds them: rounded to f32, then to kv_dtype.
     const auto as_cached = [&](const std::vector<double> &x) {
         return p.kv_dtype == DType::f32
                    ? x
                    : to_double(rounded(std::vector<float>(x.begin(), x.end()), p.kv_dtype));
     };
-    const auto k =
-        as_cached(linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]));
+    const auto k = as_cached(
+        maybe_rotated(linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]),
+                      Sk, p.kv_heads));
     const auto v =
         as_cached(linear(to_double(p.value), B * Sk, p.in_features[2], p.weight[2], p.bias[2]));
     // Each query head's key/value head: h / (H / kv_heads), repeated for the group.

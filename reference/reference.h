@@ -24,6 +24,16 @@ struct TorchMask {
     std::vector<float> floats;
 };
 
+// A rotary position embedding (mha::RotaryOptions' meaning): the first rotary_dim features of
+// each head (0: all) in pairs, i with i + rotary_dim / 2 or, interleaved, 2i with 2i + 1, rotated
+// by position · theta^(-2i / rotary_dim), or by the tables' angles.
+struct Rotary {
+    bool interleaved = false;
+    int64_t rotary_dim = 0;
+    double theta = 10000;
+    std::vector<float> cos, sin;  // [positions, rotary_dim / 2]; empty: from theta
+};
+
 // One problem: inputs, the four nn.Linear layers, and optional masks of one family (see
 // mha::ForwardOptions).
 struct Problem {
@@ -48,6 +58,9 @@ struct Problem {
     DType dtype = DType::f32;
     // The projected keys and values rounded to it, as a decode step's cache of it holds them.
     DType kv_dtype = DType::f32;
+    // The projected queries and keys rotated, query i at position i and key j at j (before the
+    // keys are rounded to kv_dtype), as a decode step with a rotary cache rotates them.
+    std::optional<Rotary> rotary;
 };
 
 // Output features of projection l (0 = q, 1 = k, 2 = v, 3 = out).
@@ -64,6 +77,9 @@ std::vector<float> values_of(const std::vector<uint16_t> &bits, DType dtype);
 std::vector<double> linear(const std::vector<double> &x, int64_t rows, int64_t in,
                            const std::vector<float> &w, const std::vector<float> &b);
 // [B, S, H*d] -> [B, H, S, d] and back.
+// x [rows, heads · d] rotated by `r`, row t at position t % positions.
+std::vector<double> rotated(const std::vector<double> &x, int64_t positions, int64_t heads,
+                            int64_t d, const Rotary &r);
 std::vector<double> split_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,
                                 int64_t d);
 std::vector<double> merge_heads(const std::vector<double> &x, int64_t B, int64_t S, int64_t H,

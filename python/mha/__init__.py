@@ -10,7 +10,8 @@
   FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences;
   ``mha.MultiheadAttention.decode`` steps over one too (``mha.PagedDecodeCache``).
 - ``mha.varlen_attention``: sequences packed without padding (``flash_attn_varlen_func``);
-  ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op).
+  ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op); with an
+  ``mha.Rotary``, a module's decode steps rotate their new tokens' queries and keys.
 """
 from ._mha import (Error, KvCache, PagedBlockTables, dispatched_isa, set_num_threads,
                    tuned_schedules)
@@ -32,10 +33,11 @@ except ImportError:  # the NumPy API works without PyTorch
     pass
 else:
     from ._paged import PagedDecodeCache, paged_attention, write_paged_cache
-    from ._rotary import rotary_embedding
+    from ._rotary import Rotary, rotary_embedding
     from ._sdpa import scaled_dot_product_attention
     from ._torch import MultiheadAttention
     from ._varlen import varlen_attention
 
-    __all__ += ["MultiheadAttention", "PagedDecodeCache", "paged_attention", "rotary_embedding",
-                "scaled_dot_product_attention", "varlen_attention", "write_paged_cache"]
+    __all__ += ["MultiheadAttention", "PagedDecodeCache", "Rotary", "paged_attention",
+                "rotary_embedding", "scaled_dot_product_attention", "varlen_attention",
+                "write_paged_cache"]

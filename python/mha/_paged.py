@@ -24,12 +24,14 @@ class PagedDecodeCache(NamedTuple):
     writes its new keys and values into them in place), ``block_table`` [B, max_blocks] and
     ``cache_seqlens`` [B] int32 (each sequence's keys, the new token's included), and
     ``slot_mapping`` [B] int64, the slot of each sequence's new token (block * block_size +
-    offset; negative: a padding row, whose output is 0)."""
+    offset; negative: a padding row, whose output is 0). With ``rotary`` (an ``mha.Rotary``),
+    the step rotates each new query and key at its position, cache_seqlens - 1."""
     key_cache: Tensor
     value_cache: Tensor
     block_table: Tensor
     cache_seqlens: Tensor
     slot_mapping: Tensor
+    rotary: Optional["Rotary"] = None  # noqa: F821 (mha.Rotary, of _rotary, which imports this)
 
 
 def _check(name: str, tensor: Tensor, dtype: torch.dtype) -> None:
@@ -44,7 +46,7 @@ def check_decode_cache(cache: PagedDecodeCache) -> None:
         raise TypeError(f"key_cache is {cache.key_cache.dtype}: mha's caches are float32, "
                         f"bfloat16 or float16")
     dtypes = (cache.key_cache.dtype,) * 2 + (torch.int32,) * 2 + (torch.int64,)
-    for name, tensor, dtype in zip(PagedDecodeCache._fields, cache, dtypes):
+    for name, tensor, dtype in zip(PagedDecodeCache._fields, cache[:5], dtypes):
         _check(name, tensor, dtype)
 
 

@@ -18,6 +18,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 from . import _mha
 from ._numpy import weights_shape
 from ._paged import PagedDecodeCache, check_decode_cache
+from ._rotary import Rotary, rotary_args
 from ._sdpa import _array as _strided
 
 # Prepacked modules by module id: (what they were packed from, the native module).
@@ -304,16 +305,19 @@ class MultiheadAttention(torch.nn.Module):
             output = output.transpose(0, 1).contiguous()
         return output, weights if need_weights else None
 
-    def make_cache(self, batch: int, capacity: int,
-                   dtype: Optional[torch.dtype] = None) -> _mha.KvCache:
+    def make_cache(self, batch: int, capacity: int, dtype: Optional[torch.dtype] = None,
+                   rotary: Optional[Rotary] = None) -> _mha.KvCache:
         """A KV cache for decode(): `batch` rows of up to `capacity` tokens (kdim = vdim = E),
         its keys and values stored in `dtype` (float32, bfloat16 or float16; the module's
-        parameters' by default), rounded to it once as they are appended."""
+        parameters' by default), rounded to it once as they are appended. With ``rotary`` (an
+        ``mha.Rotary``), each step rotates its new tokens' queries and keys at their positions
+        (the row's cached tokens count from 0) before their keys are stored, as an LLM's
+        attention does; the cache copies its tables."""
         if dtype is not None and dtype not in _DTYPES:
             raise TypeError(f"a cache of {dtype}: it holds float32, bfloat16 or float16")
         name = _DTYPES[dtype or self.out_proj.weight.dtype]
         return _native(self._module_id, self.num_heads, self._weights()).make_cache(
-            batch, capacity, name)
+            batch, capacity, name, rotary_args(rotary))
 
     def decode(self, tokens: Tensor, cache: Union[_mha.KvCache, PagedDecodeCache],
                key_padding_mask: Optional[Tensor] = None, new_tokens=()) -> Tensor:
@@ -339,8 +343,9 @@ class MultiheadAttention(torch.nn.Module):
                 raise ValueError("a paged decode step takes no key_padding_mask or new_tokens: "
                                  "a negative slot in slot_mapping makes a row padding")
             check_decode_cache(cache)
-            native.decode_paged(_array(tokens), *(_strided(t) for t in cache), _array(output),
-                                _DTYPES[tokens.dtype], _DTYPES[cache.key_cache.dtype])
+            native.decode_paged(_array(tokens), *(_strided(t) for t in cache[:5]), _array(output),
+                                _DTYPES[tokens.dtype], _DTYPES[cache.key_cache.dtype],
+                                rotary_args(cache.rotary))
             return output if self.batch_first else output.transpose(0, 1).contiguous()
         step = dict(key_padding_mask=None if key_padding_mask is None
                     else _array(key_padding_mask.to(torch.bool)), new_tokens=list(new_tokens))

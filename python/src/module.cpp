@@ -6,6 +6,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 #include <tuple>
 
@@ -172,6 +173,30 @@ void with_elements(const std::string &dtype, std::initializer_list<const Strided
         with_16_bits(dtype, run);
 }
 
+// A rotation as mha.Rotary gives it: (interleaved, rotary_dim, theta, cos, sin), tables float32.
+using RotaryTuple =
+    std::tuple<bool, int64_t, float, std::optional<StridedArray>, std::optional<StridedArray>>;
+mha::RotaryOptions rotary_options(const RotaryTuple &rotary) {
+    const auto &[interleaved, rotary_dim, theta, cos, sin] = rotary;
+    mha::RotaryOptions options;
+    options.style = interleaved ? mha::RotaryStyle::interleaved : mha::RotaryStyle::rotate_half;
+    options.rotary_dim = rotary_dim;
+    options.theta = theta;
+    for (const auto &[name, table, view] :
+         {std::tuple{"cos", &cos, &options.cos}, {"sin", &sin, &options.sin}}) {
+        if (*table) {
+            if ((*table)->dtype() != nb::dtype<float>())
+                throw nb::type_error((std::string(name) + " must be float32").c_str());
+            *view = strided<const float>(**table);
+        }
+    }
+    return options;
+}
+
+std::optional<mha::RotaryOptions> optional_rotary(const std::optional<RotaryTuple> &rotary) {
+    return rotary ? std::optional(rotary_options(*rotary)) : std::nullopt;
+}
+
 template <typename T>
 void check_int_array(const char *name, const StridedArray &a) {
     if (a.dtype() != nb::dtype<T>())
@@ -297,19 +322,8 @@ NB_MODULE(_mha, m) {
            const std::string &dtype, bool interleaved, int64_t rotary_dim, float theta,
            const std::optional<StridedArray> &cos, const std::optional<StridedArray> &sin) {
             check_int_array<int64_t>("positions", positions);
-            mha::RotaryOptions options;
-            options.style =
-                interleaved ? mha::RotaryStyle::interleaved : mha::RotaryStyle::rotate_half;
-            options.rotary_dim = rotary_dim;
-            options.theta = theta;
-            for (const auto &[name, table, view] :
-                 {std::tuple{"cos", &cos, &options.cos}, {"sin", &sin, &options.sin}}) {
-                if (*table) {
-                    if ((*table)->dtype() != nb::dtype<float>())
-                        throw nb::type_error((std::string(name) + " must be float32").c_str());
-                    *view = strided<const float>(**table);
-                }
-            }
+            const mha::RotaryOptions options =
+                rotary_options({interleaved, rotary_dim, theta, cos, sin});
             with_elements(dtype, {&query, &key}, [&](auto element) {
                 using T = decltype(element);
                 nb::gil_scoped_release released;
@@ -387,6 +401,8 @@ NB_MODULE(_mha, m) {
             },
             "What the keys and values are stored in: f32, bf16 or f16.")
         .def_prop_ro("lengths", &mha::KvCache::lengths, "Tokens cached in each batch row.")
+        .def_prop_ro("rotary", &mha::KvCache::rotary,
+                     "Whether its steps rotate their new queries and keys (make_cache's rotary).")
         .def("reset", &mha::KvCache::reset, "Forget every row's tokens.")
         .def("truncate", &mha::KvCache::truncate, nb::arg("length"),
              "Keep the first `length` tokens of each row.");
@@ -458,13 +474,16 @@ NB_MODULE(_mha, m) {
         .def(
             "make_cache",
             [](const mha::MultiHeadAttention &self, int64_t batch, int64_t capacity,
-               const std::optional<std::string> &dtype) {
+               const std::optional<std::string> &dtype, const std::optional<RotaryTuple> &rotary) {
                 return self.make_cache(batch, capacity,
-                                       dtype ? std::optional(dtype_named(*dtype)) : std::nullopt);
+                                       dtype ? std::optional(dtype_named(*dtype)) : std::nullopt,
+                                       optional_rotary(rotary));
             },
             nb::arg("batch"), nb::arg("capacity"), nb::arg("dtype").none() = nb::none(),
+            nb::arg("rotary").none() = nb::none(),
             "A cache of `batch` rows of up to `capacity` tokens, its keys and values in `dtype` "
-            "(f32, bf16, f16; the module's by default).")
+            "(f32, bf16, f16; the module's by default); with `rotary` (interleaved, rotary_dim, "
+            "theta, cos, sin), its steps rotate their new queries and keys.")
         .def(
             "decode",
             [](const mha::MultiHeadAttention &self, const FloatArray &tokens, mha::KvCache &cache,
@@ -505,7 +524,8 @@ NB_MODULE(_mha, m) {
                const StridedArray &key_cache, const StridedArray &value_cache,
                const StridedArray &block_table, const StridedArray &sequence_lengths,
                const StridedArray &slot_mapping, const ContiguousArray &output,
-               const std::string &tokens_dtype, const std::string &cache_dtype) {
+               const std::string &tokens_dtype, const std::string &cache_dtype,
+               const std::optional<RotaryTuple> &rotary) {
                 check_int_array<int32_t>("block_table", block_table);
                 check_int_array<int32_t>("sequence_lengths", sequence_lengths);
                 check_int_array<int64_t>("slot_mapping", slot_mapping);
@@ -521,7 +541,8 @@ NB_MODULE(_mha, m) {
                                                          strided<T>(value_cache),
                                                          strided<const int32_t>(block_table),
                                                          strided<const int32_t>(sequence_lengths),
-                                                         strided<const int64_t>(slot_mapping)};
+                                                         strided<const int64_t>(slot_mapping),
+                                                         optional_rotary(rotary)};
                     const auto step = [&](auto token) {
                         using In = decltype(token);
                         nb::gil_scoped_release released;
@@ -535,7 +556,7 @@ NB_MODULE(_mha, m) {
             },
             nb::arg("tokens"), nb::arg("key_cache"), nb::arg("value_cache"), nb::arg("block_table"),
             nb::arg("sequence_lengths"), nb::arg("slot_mapping"), nb::arg("output"),
-            nb::arg("tokens_dtype"), nb::arg("cache_dtype"),
+            nb::arg("tokens_dtype"), nb::arg("cache_dtype"), nb::arg("rotary").none() = nb::none(),
             "One decode step over a paged cache: tokens [B, 1, E] (f32, or bf16/f16 bits), each "
             "sequence's newest, written into slots slot_mapping [B] int64 of key_cache and "
             "value_cache [blocks, block_size, Hkv, d] (of cache_dtype), block_table [B, "

@@ -182,6 +182,34 @@ def test_module_decode_over_a_paged_cache_matches_causal_forward(seed, dtype):
             assert relative_error(got[b, 0], want[0, -1]) < 2 * tolerance(dtype)
 
 
+def test_module_decode_over_a_paged_cache_rotates_each_new_token(seed):
+    """A PagedDecodeCache with an mha.Rotary: each step rotates its new tokens' queries and keys
+    at their positions (cache_seqlens - 1), here GPT-J's interleaved pairs over part of each head
+    by caller-given tables, as make_cache(rotary=...) rotates them in a contiguous cache."""
+    E, H, steps, block_size, rotary_dim = 48, 4, 9, 16, 6
+    module = mha.MultiheadAttention(E, H, batch_first=True).eval()
+    angles = torch.rand(32, rotary_dim // 2) * 6.28
+    rotary = mha.Rotary(interleaved=True, rotary_dim=rotary_dim, cos=angles.cos(),
+                        sin=angles.sin())
+    tables = mha.PagedBlockTables(num_blocks=4, block_size=block_size, max_sequences=2,
+                                  max_blocks_per_sequence=2)
+    shape = (tables.num_blocks, block_size, H, E // H)
+    key_cache, value_cache = torch.zeros(shape), torch.zeros(shape)
+    contiguous = module.make_cache(2, steps, rotary=rotary)
+    tokens = torch.randn(2, steps, E)
+    for step in range(steps):
+        slots = []
+        for b in range(2):
+            tables.resize(b, step + 1)
+            slots.append(tables.slot(b, step))
+        cache = mha.PagedDecodeCache(key_cache, value_cache, torch.tensor(tables.block_table),
+                                     torch.tensor(tables.sequence_lengths), torch.tensor(slots),
+                                     rotary)
+        got = module.decode(tokens[:, step:step + 1], cache)
+        want = module.decode(tokens[:, step:step + 1], contiguous)
+        assert relative_error(got, want) < 1e-5
+
+
 def test_module_decode_checks_the_paged_cache():
     module = mha.MultiheadAttention(16, 2, batch_first=True, dtype=torch.bfloat16).eval()
     tables = mha.PagedBlockTables(num_blocks=2, block_size=16, max_sequences=1,

@@ -205,6 +205,37 @@ def test_decode_matches_causal_forward(seed):
                                rtol=1e-4)
 
 
+def test_decode_rotates_queries_and_keys_as_llama_does(seed):
+    """With make_cache(rotary=mha.Rotary(...)), each step rotates its new queries and keys at
+    their positions before the keys are cached: the outputs are those of transformers'
+    apply_rotary_pos_emb (Llama's rotate-half, cos and sin as LlamaRotaryEmbedding computes them)
+    on the projections, then causal attention, whatever the steps."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    E, H, theta, T = 64, 4, 500000.0, 11
+    d = E // H
+    module = mha.MultiheadAttention(E, H, batch_first=True).eval()
+    tokens = torch.randn(2, T, E)
+    cache = module.make_cache(2, 16, rotary=mha.Rotary(theta=theta))
+    assert cache.rotary
+    outputs = torch.cat([module.decode(tokens[:, :6], cache),
+                         *(module.decode(tokens[:, i:i + 1], cache) for i in range(6, T))], 1)
+    with torch.no_grad():
+        q, k, v = F.linear(tokens, module.in_proj_weight, module.in_proj_bias).chunk(3, -1)
+        q, k, v = (x.unflatten(-1, (H, d)).transpose(1, 2) for x in (q, k, v))
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        freqs = torch.arange(T).float()[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        q, k = apply_rotary_pos_emb(q, k, emb.cos()[None], emb.sin()[None])
+        context = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        want = module.out_proj(context.transpose(1, 2).flatten(2))
+    assert ((outputs - want).norm() / want.norm()).item() < 2e-5
+    assert not module.make_cache(1, 4).rotary
+    with pytest.raises(mha.Error, match="rotary_dim 3 must be even"):
+        module.make_cache(1, 4, rotary=mha.Rotary(rotary_dim=3))
+    with pytest.raises(TypeError, match="give an mha.Rotary"):
+        module.make_cache(1, 4, rotary={"theta": 10.0})
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
 def test_decode_with_a_sixteen_bit_cache(seed, cache_dtype):
     """A float32 module's cache may hold its keys and values in 16 bits: the outputs are those

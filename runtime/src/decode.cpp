@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 
 #include "attention_params.h"
 #include "buffers.h"
@@ -15,6 +16,7 @@
 #include "kernel_table.h"
 #include "mha/mha.h"
 #include "packed_weights.h"
+#include "rotary.h"
 #include "thread_pool.h"
 
 namespace mha {
@@ -22,10 +24,11 @@ namespace detail {
 
 // A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
 // values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile, each key's
-// values to one of kCacheValueFeatures; elements of `dtype`.
+// values to one of kCacheValueFeatures; elements of `dtype`; the rotation of its steps, if any.
 struct KvCacheStorage {
     KvCacheStorage(std::shared_ptr<const PackedWeights> module, int64_t batch, int64_t capacity,
-                   int64_t heads, int64_t head_dim, DType dtype)
+                   int64_t heads, int64_t head_dim, DType dtype,
+                   const std::optional<RotaryOptions> &rotary_options)
         : module(std::move(module)),
           batch(batch),
           capacity(capacity),
@@ -38,7 +41,11 @@ struct KvCacheStorage {
           values(size_t(batch * heads * value_features * padded_capacity * element_bytes(dtype))),
           lengths(batch, 0),
           cached_lengths(batch),
-          new_counts(batch) {}
+          new_counts(batch) {
+        if (rotary_options) {
+            rotary.emplace(*rotary_options, head_dim);
+        }
+    }
 
     std::shared_ptr<const PackedWeights> module;  // the weights it was made for
     int64_t batch, capacity, padded_capacity, heads, head_dim, value_features;
@@ -50,6 +57,7 @@ struct KvCacheStorage {
     std::vector<float> qkv_rows;
     std::vector<int32_t> cached_lengths, new_counts;
     std::vector<uint8_t> cache_mask;
+    std::optional<OwnedRotary> rotary;
 };
 
 namespace {
@@ -85,6 +93,22 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
                 }
                 convert(row + value_offset + h * d, &values[((b * H + h) * cap + j) * dv], d);
             }
+        }
+    }
+}
+
+// Rotates the queries (H heads from offset 0) and keys (Hkv heads from key_offset) of the new
+// tokens in `qkv_rows` [B, n, width], token t of row b at position first_position(b) + t, for the
+// first count(b) tokens of each row. The positions were checked.
+template <typename FirstPosition, typename Count>
+void rotate_new_tokens(const RotaryParams &r, float *qkv_rows, int64_t B, int64_t n, int64_t width,
+                       int64_t H, int64_t Hkv, int64_t d, int64_t key_offset,
+                       FirstPosition first_position, Count count) {
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < count(b); t++) {
+            float *row = qkv_rows + (b * n + t) * width;
+            rotate_token(r, first_position(b) + t, TokenHeads<float>{row, H, d, 1},
+                         TokenHeads<float>{row + key_offset, Hkv, d, 1});
         }
     }
 }
@@ -165,6 +189,7 @@ int64_t KvCache::batch() const { return storage_->batch; }
 int64_t KvCache::capacity() const { return storage_->capacity; }
 DType KvCache::dtype() const { return storage_->dtype; }
 const std::vector<int64_t> &KvCache::lengths() const { return storage_->lengths; }
+bool KvCache::rotary() const { return storage_->rotary.has_value(); }
 void KvCache::reset() { truncate(0); }
 
 void KvCache::truncate(int64_t length) {
@@ -195,8 +220,8 @@ void MultiHeadAttention::check_decode_cache(DType dtype) const {
     }
 }
 
-KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
-                                       std::optional<DType> dtype) const {
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity, std::optional<DType> dtype,
+                                       const std::optional<RotaryOptions> &rotary) const {
     const DType cache_dtype = dtype.value_or(dtype_);
     check_decode_cache(cache_dtype);
     if (batch < 1 || capacity < 1) {
@@ -217,7 +242,7 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
                 batch, capacity, contract::kCacheKeyTile, contract::kCacheValueFeatures);
         });
     return KvCache(std::make_unique<detail::KvCacheStorage>(
-        packed_, batch, capacity, num_kv_heads(), head_dim(), cache_dtype));
+        packed_, batch, capacity, num_kv_heads(), head_dim(), cache_dtype, rotary));
 }
 
 void MultiHeadAttention::decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
@@ -294,6 +319,14 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
                             "not fit",
                             b, c.lengths[b], c.capacity, count));
         }
+        // The last new position bounds the others.
+        if (c.rotary && count > 0 &&
+            !detail::rotary_position_valid(c.rotary->params, c.lengths[b] + count - 1)) {
+            throw Error(
+                fmt::format("batch row {} would reach position {}: the cache's rotary "
+                            "tables have positions 0 to {}",
+                            b, c.lengths[b] + count - 1, c.rotary->params.table_rows - 1));
+        }
         c.cached_lengths[b] = int32_t(c.lengths[b]);
         c.new_counts[b] = int32_t(count);
     }
@@ -320,9 +353,15 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     detail::project_step_rows(*packed_, ArgId::qkv_weight, tokens.data, B * n, E, c.qkv_rows.data(),
                               width);
 
-    // Their keys and values, appended to each row.
+    // Their queries and keys rotated at their positions; their keys and values appended to each
+    // row.
     const int64_t key_offset = contract::qkv_block_offset(1, P, Pkv);
     const int64_t value_offset = contract::qkv_block_offset(2, P, Pkv);
+    if (c.rotary) {
+        detail::rotate_new_tokens(
+            c.rotary->params, c.qkv_rows.data(), B, n, width, num_heads_, H, d, key_offset,
+            [&](int64_t b) { return c.lengths[b]; }, [&](int64_t b) { return c.new_counts[b]; });
+    }
     switch (c.dtype) {
     case DType::f32:
         detail::append_keys_and_values<float>(c, c.qkv_rows.data(), n, width, key_offset,
@@ -468,9 +507,34 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, const PagedDecodeCache
             detail::shape_string(cache.value_cache.shape), Hkv, d));
     }
 
+    const int64_t slot_stride = detail::strides_of(cache.slot_mapping)[0];
+    const int64_t length_stride = detail::strides_of(cache.sequence_lengths)[0];
+    const auto padding_row = [&](int64_t b) {
+        return cache.slot_mapping.data[b * slot_stride] < 0;
+    };
+    const auto new_position = [&](int64_t b) {
+        return int64_t(cache.sequence_lengths.data[b * length_stride]) - 1;
+    };
+    std::optional<detail::RotaryParams> rotary;
+    if (cache.rotary) {
+        rotary = detail::check_rotary(*cache.rotary, d);
+        for (int64_t b = 0; b < B; b++) {
+            if (!padding_row(b) && !detail::rotary_position_valid(*rotary, new_position(b))) {
+                throw Error(
+                    fmt::format("sequence_lengths[{}] is {}: the new token's position {} "
+                                "is not in the rotary tables' 0 to {}",
+                                b, new_position(b) + 1, new_position(b), rotary->table_rows - 1));
+            }
+        }
+    }
+
     detail::project_step_rows(*packed_, ArgId::qkv_weight, tokens.data, B, E, rows.data(), width);
     const int64_t key_offset = contract::qkv_block_offset(1, P, Pkv);
     const int64_t value_offset = contract::qkv_block_offset(2, P, Pkv);
+    if (rotary) {
+        detail::rotate_new_tokens(*rotary, rows.data(), B, 1, width, H, Hkv, d, key_offset,
+                                  new_position, [&](int64_t b) { return padding_row(b) ? 0 : 1; });
+    }
     for (int64_t b = 0; b < B; b++) {
         const float *row = rows.data() + b * width;
         detail::convert(row, queries.data() + b * H * d, H * d);
@@ -483,10 +547,9 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, const PagedDecodeCache
     detail::convert(contexts.data(), context_rows.data(), B * E);
     detail::project_step_rows(*packed_, ArgId::out_weight, context_rows.data(), B, E,
                               projected.data(), P);
-    const int64_t slot_stride = detail::strides_of(cache.slot_mapping)[0];
     for (int64_t b = 0; b < B; b++) {
         float *target = output.data + b * E;
-        if (cache.slot_mapping.data[b * slot_stride] < 0) {
+        if (padding_row(b)) {
             std::fill_n(target, E, 0.0f);  // a padding row
         } else {
             std::copy_n(projected.data() + b * P, E, target);

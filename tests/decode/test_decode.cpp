@@ -64,20 +64,41 @@ std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
     return x;
 }
 
+// The reference's form of a rotation (tables read dense).
+std::optional<mha::reference::Rotary> reference_rotary(
+    const std::optional<mha::RotaryOptions> &options) {
+    if (!options) {
+        return std::nullopt;
+    }
+    mha::reference::Rotary r;
+    r.interleaved = options->style == mha::RotaryStyle::interleaved;
+    r.rotary_dim = options->rotary_dim;
+    r.theta = options->theta;
+    if (options->cos) {
+        const size_t n = size_t(options->cos->shape[0] * options->cos->shape[1]);
+        r.cos.assign(options->cos->data, options->cos->data + n);
+        r.sin.assign(options->sin->data, options->sin->data + n);
+    }
+    return r;
+}
+
 // A batch of sequences decoded step by step, each step checked against the reference.
 class Decoder {
 public:
     // kv_heads: key/value heads (0: as many as heads); the cache in `cache_dtype` (none: the
-    // module's).
+    // module's), its steps rotating queries and keys by `rotary`.
     Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0,
-            std::optional<mha::DType> cache_dtype = std::nullopt)
+            std::optional<mha::DType> cache_dtype = std::nullopt,
+            const std::optional<mha::RotaryOptions> &rotary = std::nullopt)
         : E_(embed_dim),
           H_(heads),
           weights_(mha::problems::random_problem({1, 1, 1, embed_dim, heads},
                                                  mha::testing::next_seed(), false, 0, 0, kv_heads)),
           module_(mha::problems::make_module(weights_)),
-          cache_(module_.make_cache(batch, capacity, cache_dtype)),
-          sequences_(batch) {}
+          cache_(module_.make_cache(batch, capacity, cache_dtype, rotary)),
+          sequences_(batch) {
+        weights_.rotary = reference_rotary(rotary);
+    }
 
     const mha::MultiHeadAttention &module() const { return module_; }
     mha::KvCache &cache() { return cache_; }
@@ -405,6 +426,127 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
     }
 }
 
+// --- Rotary position embeddings in decode steps (make_cache's `rotary`) ----------------------
+
+// Angles from theta (positions here stay under 80: the library computes them in f32, as
+// transformers does, at most position · 2^-24 radians from the reference's f64 ones), or from
+// caller-given tables.
+struct RotaryDecodeCase {
+    const char *name;
+    int64_t embed_dim, heads, kv_heads, rotary_dim;
+    mha::RotaryStyle style;
+    float theta;
+    bool tables;
+};
+const RotaryDecodeCase kRotaryDecodeCases[] = {
+    {"llama_rotate_half_grouped", 64, 4, 2, 0, mha::RotaryStyle::rotate_half, 10000, false},
+    {"gpt_j_interleaved_partial", 36, 3, 3, 6, mha::RotaryStyle::interleaved, 500, false},
+    {"tables_multi_query_d_10", 40, 4, 1, 4, mha::RotaryStyle::rotate_half, 0, true},
+};
+
+// Tables [rows, pairs] of random angles.
+struct RotaryTables {
+    std::vector<float> cos, sin;
+    RotaryTables(int64_t rows, int64_t pairs, uint64_t seed) {
+        std::mt19937_64 rng(seed);
+        std::uniform_real_distribution<float> angle(-3.14f, 3.14f);
+        for (int64_t n = 0; n < rows * pairs; n++) {
+            const float a = angle(rng);
+            cos.push_back(std::cos(a));
+            sin.push_back(std::sin(a));
+        }
+    }
+};
+
+mha::RotaryOptions rotation(mha::RotaryStyle style, int64_t rotary_dim, float theta) {
+    mha::RotaryOptions options;
+    options.style = style;
+    options.rotary_dim = rotary_dim;
+    options.theta = theta;
+    return options;
+}
+
+// A dense table view [rows, pairs].
+mha::StridedView<const float> table_view(const std::vector<float> &table, int64_t rows,
+                                         int64_t pairs) {
+    return {table.data(), {rows, pairs}, {}};
+}
+
+mha::RotaryOptions rotary_options(const RotaryDecodeCase &c, const RotaryTables *tables,
+                                  int64_t rows) {
+    mha::RotaryOptions options = rotation(c.style, c.rotary_dim, c.theta);
+    if (tables != nullptr) {
+        options.cos = table_view(tables->cos, rows, c.rotary_dim / 2);
+        options.sin = table_view(tables->sin, rows, c.rotary_dim / 2);
+    }
+    return options;
+}
+
+class DecodeRotary : public ::testing::TestWithParam<std::tuple<RotaryDecodeCase, mha::DType>> {};
+
+// Prompts of different lengths, then steps of one token and of none (padding rows): every output
+// against the reference that rotates the whole sequence's queries and keys at their positions.
+// The tables are freed once the cache is made (it copies them).
+TEST_P(DecodeRotary, EveryStepMatchesTheRotatedSequence) {
+    const auto &[c, cache_dtype] = GetParam();
+    constexpr int64_t kCapacity = 40;
+    std::optional<Decoder> decoder;
+    {
+        const RotaryTables tables(kCapacity, c.rotary_dim / 2, mha::testing::next_seed());
+        decoder.emplace(3, c.embed_dim, c.heads, kCapacity, c.kv_heads, cache_dtype,
+                        rotary_options(c, c.tables ? &tables : nullptr, kCapacity));
+    }
+    EXPECT_TRUE(decoder->cache().rotary());
+    decoder->step({5, 1, 9});
+    for (int step = 0; step < 6; step++) {
+        decoder->step({1, step % 2, 1});
+    }
+    decoder->step({3, 0, 2});
+}
+
+INSTANTIATE_TEST_SUITE_P(Awkward, DecodeRotary,
+                         ::testing::Combine(::testing::ValuesIn(kRotaryDecodeCases),
+                                            ::testing::ValuesIn(cache_dtypes())),
+                         case_and_cache_dtype<::testing::TestParamInfo<DecodeRotary::ParamType>>);
+
+// Bad options raise mha::Error at make_cache; a step past the tables' positions raises it before
+// anything is written.
+TEST(DecodeRotaryErrors, BadOptionsAndPositionsNameThemselves) {
+    const RotaryDecodeCase c{"tables", 16, 2, 2, 4, mha::RotaryStyle::rotate_half, 0, true};
+    const RotaryTables tables(6, 2, mha::testing::next_seed());
+    Decoder decoder(2, c.embed_dim, c.heads, 10, c.kv_heads, std::nullopt,
+                    rotary_options(c, &tables, 6));
+    decoder.step({4, 2});
+    std::vector<float> tokens(2 * 3 * 16), output(2 * 3 * 16);
+    try {
+        decoder.module().decode({tokens.data(), {2, 3, 16}}, decoder.cache(),
+                                {output.data(), {2, 3, 16}});
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(),
+                     "batch row 0 would reach position 6: the cache's rotary tables have "
+                     "positions 0 to 5");
+    }
+    EXPECT_EQ(decoder.cache().lengths(), (std::vector<int64_t>{4, 2}));
+    decoder.step({1, 2});  // positions 4 and 2-3: within the tables
+    const auto expect_error = [&](const mha::RotaryOptions &options, const char *message) {
+        try {
+            decoder.module().make_cache(1, 4, std::nullopt, options);
+            ADD_FAILURE() << "no error; expected " << message;
+        } catch (const mha::Error &e) {
+            EXPECT_STREQ(e.what(), message);
+        }
+    };
+    expect_error(rotation(mha::RotaryStyle::rotate_half, 3, 10000),
+                 "rotary_dim 3 must be even and within the 8 features (0: all)");
+    expect_error(rotation(mha::RotaryStyle::interleaved, 0, -1.0f),
+                 "theta -1 must be finite and > 0");
+    mha::RotaryOptions one_table = rotary_options(c, &tables, 6);
+    one_table.sin.reset();
+    expect_error(one_table,
+                 "cos and sin: give both tables or neither (theta then gives the angles)");
+}
+
 // Once a step with as many new tokens has run, a step allocates nothing: no heap allocation by
 // the library, and no new block for Halide's buffers. A module of a 16-bit dtype converts the
 // tokens and the output through the scratch pool too; only the converted views' shapes (two
@@ -414,20 +556,25 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
 // loop takes up other tasks, each holding its buffers), so that a late step can still add one
 // block (seen under the sanitizers after 8 and after 24 steps without one); on one thread the
 // count is fixed by the first step.
+// So does a step that rotates its tokens.
 TEST(DecodeAllocations, AStepAllocatesNothing) {
     mha::set_num_threads(1);
-    Decoder decoder(2, 64, 4, 40);
-    decoder.step({7, 3});
-    decoder.step({1, 1});
-    std::vector<float> tokens(2 * 64, 0.25f), output(2 * 64);
-    const mha::Tensor token_view{tokens.data(), {2, 1, 64}};
-    const mha::MutableTensor output_view{output.data(), {2, 1, 64}};
-    const size_t blocks = mha::detail::scratch_blocks_allocated();
-    mha::testing::start_counting_allocations();
-    decoder.module().decode(token_view, decoder.cache(), output_view);
-    const size_t shape_copies = decoder.module().dtype() == mha::DType::f32 ? 0 : 4;
-    EXPECT_EQ(mha::testing::stop_counting_allocations(), shape_copies);
-    EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
+    for (const std::optional<mha::RotaryOptions> &rotary :
+         {std::optional<mha::RotaryOptions>(), std::optional(mha::RotaryOptions{})}) {
+        SCOPED_TRACE(rotary ? "rotary" : "no rotary");
+        Decoder decoder(2, 64, 4, 40, 0, std::nullopt, rotary);
+        decoder.step({7, 3});
+        decoder.step({1, 1});
+        std::vector<float> tokens(2 * 64, 0.25f), output(2 * 64);
+        const mha::Tensor token_view{tokens.data(), {2, 1, 64}};
+        const mha::MutableTensor output_view{output.data(), {2, 1, 64}};
+        const size_t blocks = mha::detail::scratch_blocks_allocated();
+        mha::testing::start_counting_allocations();
+        decoder.module().decode(token_view, decoder.cache(), output_view);
+        const size_t shape_copies = decoder.module().dtype() == mha::DType::f32 ? 0 : 4;
+        EXPECT_EQ(mha::testing::stop_counting_allocations(), shape_copies);
+        EXPECT_EQ(mha::detail::scratch_blocks_allocated(), blocks);
+    }
     mha::set_num_threads(0);
 }
 
@@ -444,7 +591,8 @@ template <typename T>
 class PagedDecoder {
 public:
     PagedDecoder(int64_t sequences, int64_t embed_dim, int64_t heads, int64_t kv_heads,
-                 int64_t block_size, int64_t num_blocks, int64_t max_blocks)
+                 int64_t block_size, int64_t num_blocks, int64_t max_blocks,
+                 const std::optional<mha::RotaryOptions> &rotary = std::nullopt)
         : B_(sequences),
           E_(embed_dim),
           weights_(mha::problems::random_problem({1, 1, 1, embed_dim, heads},
@@ -459,11 +607,10 @@ public:
           sequences_(size_t(sequences)) {
         const std::vector<int64_t> pages{num_blocks, block_size, module_.num_kv_heads(),
                                          module_.head_dim()};
-        cache_ = {{key_pool_.data(), pages, {}},
-                  {value_pool_.data(), pages, {}},
-                  tables_.block_table(),
-                  tables_.sequence_lengths(),
-                  {slots_.data(), {sequences}, {}}};
+        cache_ = {
+            {key_pool_.data(), pages, {}}, {value_pool_.data(), pages, {}},  tables_.block_table(),
+            tables_.sequence_lengths(),    {slots_.data(), {sequences}, {}}, rotary};
+        weights_.rotary = reference_rotary(rotary);
         for (std::vector<float> &s : sequences_) {
             s.reserve(size_t(max_blocks * block_size * embed_dim));
         }
@@ -577,6 +724,28 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::ValuesIn(kPagedModuleCases), ::testing::ValuesIn(cache_dtypes())),
     case_and_cache_dtype<::testing::TestParamInfo<PagedModuleDecode::ParamType>>);
 
+// With a rotation, each new token's query and key rotated at its position (its sequence's
+// length - 1) before the key is written: every output against the rotated reference.
+TEST(PagedModuleDecodeRotary, EveryStepMatchesItsRotatedSequence) {
+    for (const mha::DType cache_dtype : cache_dtypes()) {
+        SCOPED_TRACE(mha::contract::dtype_name(cache_dtype));
+        with_element_type(cache_dtype, [&](auto element) {
+            const RotaryTables tables(64, 3, mha::testing::next_seed());
+            for (const bool use_tables : {false, true}) {
+                const RotaryDecodeCase c{"paged", 48,        4, 2, 6, mha::RotaryStyle::interleaved,
+                                         1000,    use_tables};
+                PagedDecoder<decltype(element)> decoder(
+                    3, c.embed_dim, c.heads, c.kv_heads, 16, 8, 4,
+                    rotary_options(c, use_tables ? &tables : nullptr, 64));
+                std::mt19937_64 rng(mha::testing::next_seed());
+                for (int step = 0; step < 40; step++) {
+                    decoder.step({true, rng() % 3 != 0, step % 2 == 0});
+                }
+            }
+        });
+    }
+}
+
 // As for a contiguous cache (DecodeAllocations): nothing allocated once a step of as many rows
 // ran, the converted tokens' and output's shapes of a 16-bit module aside.
 TEST(PagedModuleDecodeAllocations, AStepAllocatesNothing) {
@@ -621,6 +790,16 @@ TEST(PagedModuleDecodeErrors, BadArgumentsChangeNothing) {
     cache.slot_mapping = {far_slot.data(), {2}, {}};
     expect_error(decoder.tokens(), decoder.output(), cache,
                  "slot_mapping[1] is 64: the cache has slots 0 to 63");
+    cache = decoder.cache();
+    std::vector<float> cos(2), sin(2);  // one position, for two pairs
+    std::vector<int32_t> lengths{2, 2};
+    cache.sequence_lengths = {lengths.data(), {2}, {}};
+    cache.rotary = rotation(mha::RotaryStyle::rotate_half, 0, 10000);
+    cache.rotary->cos = table_view(cos, 1, 2);
+    cache.rotary->sin = table_view(sin, 1, 2);
+    expect_error(decoder.tokens(), decoder.output(), cache,
+                 "sequence_lengths[0] is 2: the new token's position 1 is not in the rotary "
+                 "tables' 0 to 0");
     cache = decoder.cache();
     cache.key_cache.shape = {4, 16, 1, 4};
     cache.value_cache.shape = {4, 16, 1, 4};

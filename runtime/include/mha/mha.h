@@ -71,6 +71,15 @@ using MutableBF16Tensor = TensorView<bfloat16>;
 using F16Tensor = TensorView<const float16>;
 using MutableF16Tensor = TensorView<float16>;
 
+// A view with strides: `shape` and `strides` outermost first, strides in elements (zero for a
+// broadcast dimension); empty strides: row-major and contiguous. The library never owns it.
+template <typename T>
+struct StridedView {
+    T *data = nullptr;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> strides;
+};
+
 // A byte mask of the seeds, in either convention. In a forward call it broadcasts against
 // [B, H, Sq, Sk] as the seed's masked_fill broadcasts it: any rank up to 4, right-aligned, each
 // dimension 1 or the full extent ([B, 1, 1, Sk] is a key padding, [Sq, Sk] or [H, Sq, Sk] a mask
@@ -129,6 +138,20 @@ using Linear = LinearOf<float>;
 using BF16Linear = LinearOf<bfloat16>;
 using F16Linear = LinearOf<float16>;
 
+// A rotary position embedding (RoPE) of a token's query and key heads at its position p: the
+// first rotary_dim features of each head (even; 0: all d) rotate in pairs, rotate_half (Llama,
+// NeoX: feature i with i + rotary_dim / 2) or interleaved (GPT-J: 2i with 2i + 1), by the angle
+// p · theta^(-2i / rotary_dim), computed in f32 as transformers computes it; or by caller-given
+// tables cos and sin [max_position, rotary_dim / 2] (f32; scaled variants such as YaRN's give
+// them). rotary_embedding() applies it to tensors, a decode step to its new tokens.
+enum class RotaryStyle { rotate_half, interleaved };
+struct RotaryOptions {
+    RotaryStyle style = RotaryStyle::rotate_half;
+    int64_t rotary_dim = 0;
+    float theta = 10000;
+    std::optional<StridedView<const float>> cos, sin;
+};
+
 namespace detail {
 struct PackedWeights;
 struct KvCacheStorage;
@@ -140,7 +163,8 @@ struct PagedDecodeCache;
 // The keys and values of the tokens a decoder has seen, already projected and split into heads,
 // so that a decode step projects only its new tokens (MultiHeadAttention::decode). Made by a
 // module (make_cache) for `batch` rows of up to `capacity` tokens each, all allocated at once,
-// in f32, bf16 or f16; owned by the caller; used with that module only.
+// in f32, bf16 or f16, its keys rotated or not (RotaryOptions); owned by the caller; used with
+// that module only.
 class KvCache {
 public:
     ~KvCache();
@@ -153,6 +177,8 @@ public:
     DType dtype() const;
     // Tokens cached in each batch row.
     const std::vector<int64_t> &lengths() const;
+    // Whether a step rotates its new tokens' queries and keys (make_cache's `rotary`).
+    bool rotary() const;
     // Forgets every row's tokens; or all but the first `length` of each row.
     void reset();
     void truncate(int64_t length);
@@ -237,21 +263,26 @@ public:
     // up to `capacity` tokens, whose keys and values are stored in `dtype`: the module's (when
     // none is given) or f32, or for an f32 module any. Each key and value is rounded to it once,
     // as it is appended, and read widened to f32. A 16-bit cache halves the bytes a step reads,
-    // as a 16-bit module's steps read its weights in 16 bits.
-    KvCache make_cache(int64_t batch, int64_t capacity,
-                       std::optional<DType> dtype = std::nullopt) const;
+    // as a 16-bit module's steps read its weights in 16 bits. With `rotary`, each step rotates
+    // its new tokens' queries and keys at their positions (the row's cached tokens before them
+    // count from 0) after their projection, before the keys are stored or any query reads them,
+    // as an LLM's attention does (Llama: rotate_half, theta from its config); the cache copies
+    // the options' tables. Bad options raise mha::Error here.
+    KvCache make_cache(int64_t batch, int64_t capacity, std::optional<DType> dtype = std::nullopt,
+                       const std::optional<RotaryOptions> &rotary = std::nullopt) const;
 
     // One decode step of self-attention (query = key = value). `tokens` [B, n, E] are appended
     // to `cache`: row b appends the first new_tokens[b] of its n (all n when `new_tokens` is
     // empty; the others are padding). Writes the new tokens' outputs [B, n, E]: each attends
     // over its row's cached tokens and the new tokens up to itself, which is what forward()
     // over the whole sequence with Causal::top_left computes for them, however the sequence is
-    // split into steps; padding tokens get 0. `key_padding`, [B, capacity] bytes in its
-    // convention, hides cache positions from every new token (among the keys it sees: one whose
-    // every key is hidden weighs those keys uniformly). A step that would exceed a row's capacity
-    // raises mha::Error and leaves the cache as it was. Allocates nothing once a first step with as
-    // many new tokens ran (a module of a 16-bit dtype converts through reused memory too, and
-    // copies only the shapes of the converted views).
+    // split into steps (with the cache's rotation, on queries and keys rotated at their
+    // positions; a position past its tables raises mha::Error); padding tokens get 0.
+    // `key_padding`, [B, capacity] bytes in its convention, hides cache positions from every new
+    // token (among the keys it sees: one whose every key is hidden weighs those keys uniformly). A
+    // step that would exceed a row's capacity raises mha::Error and leaves the cache as it was.
+    // Allocates nothing once a first step with as many new tokens ran (a module of a 16-bit dtype
+    // converts through reused memory too, and copies only the shapes of the converted views).
     void decode(const Tensor &tokens, KvCache &cache, const MutableTensor &output,
                 const std::optional<Mask> &key_padding = std::nullopt,
                 const std::vector<int64_t> &new_tokens = {}) const;
@@ -323,15 +354,6 @@ private:
 };
 
 // --- The attention core: F.scaled_dot_product_attention's level -------------------------------
-
-// A view with strides: `shape` and `strides` outermost first, strides in elements (zero for a
-// broadcast dimension); empty strides: row-major and contiguous. The library never owns it.
-template <typename T>
-struct StridedView {
-    T *data = nullptr;
-    std::vector<int64_t> shape;
-    std::vector<int64_t> strides;
-};
 
 // An attention mask of any rank up to 4, broadcast against [B, H, Sq, Sk] as torch broadcasts
 // (right-aligned, each dimension 1 or the full extent, by shape or by zero strides): boolean, one
@@ -447,12 +469,15 @@ struct PagedKvCache {
 
 // The paged cache a module's decode step writes and reads: paged_attention's, with the pools
 // writable, and the slot of each row's new token (write_paged_cache's slot_mapping, [B] int64),
-// which sequence_lengths count.
+// which sequence_lengths count. With `rotary`, the step rotates each new token's query and key
+// at its position, sequence_lengths[b] - 1, before the key is written (the tables are read, not
+// copied).
 template <typename T>
 struct PagedDecodeCache {
     StridedView<T> key_cache, value_cache;
     StridedView<const int32_t> block_table, sequence_lengths;
     StridedView<const int64_t> slot_mapping;
+    std::optional<RotaryOptions> rotary;
 };
 
 // A decode step of B sequences of different lengths over a paged cache: query [B, 1, H, d], each
@@ -482,19 +507,8 @@ void write_paged_cache(const StridedView<const T> &key, const StridedView<const 
 
 // Rotary position embeddings (RoPE), as vLLM's rotary_embedding op applies them before the
 // attention and the cache write: query [T, H, d] and key [T, Hkv, d] rotated in place, token t at
-// position positions[t] (int64 [T]). The first rotary_dim features (even; 0: all d) rotate in
-// pairs, rotate_half (Llama, NeoX: feature i with i + rotary_dim / 2) or interleaved (GPT-J: 2i
-// with 2i + 1), by the angle position · theta^(-2i / rotary_dim), computed in f32 as transformers
-// computes it; or by caller-given tables cos and sin [max_position, rotary_dim / 2] (f32; scaled
-// variants such as YaRN's give them). 16-bit elements are rounded once. Any strides. Bad
-// arguments raise mha::Error naming the argument, before anything is written.
-enum class RotaryStyle { rotate_half, interleaved };
-struct RotaryOptions {
-    RotaryStyle style = RotaryStyle::rotate_half;
-    int64_t rotary_dim = 0;
-    float theta = 10000;
-    std::optional<StridedView<const float>> cos, sin;
-};
+// position positions[t] (int64 [T]), as RotaryOptions says. 16-bit elements are rounded once. Any
+// strides. Bad arguments raise mha::Error naming the argument, before anything is written.
 template <typename T>
 void rotary_embedding(const StridedView<T> &query, const StridedView<T> &key,
                       const StridedView<const int64_t> &positions,

@@ -15,6 +15,7 @@
 #include "dtype.h"
 #include "halide_calls.h"
 #include "mha/mha.h"
+#include "rotary.h"
 #include "thread_pool.h"
 
 namespace mha {
@@ -63,10 +64,14 @@ int64_t elements(const Strided &s) {
 
 // A view the kernel reads with contiguous rows, in its element type (f32, or bf16 for a bf16
 // kernel given bf16): the caller's memory when it is that, else a dense copy held for the call.
+// With `rotary`, always the copy, [B, heads, S, d], its row i rotated at first_position + i.
 class KernelInput {
 public:
     template <typename T>
-    KernelInput(const T *data, const Strided &s, DType kernel_dtype) : strided_(s) {
+    KernelInput(const T *data, const Strided &s, DType kernel_dtype,
+                const std::optional<RotaryParams> &rotary = std::nullopt,
+                int64_t first_position = 0)
+        : strided_(s), rotary_(rotary ? &*rotary : nullptr), first_position_(first_position) {
         if (kernel_dtype == DType::f32) {
             store(data, s, f32_memory_);
         } else if constexpr (std::is_same_v<T, bfloat16>) {
@@ -85,7 +90,7 @@ private:
     void store(const T *data, const Strided &s, std::optional<Scratch<K>> &memory) {
         type_ = halide_type_of<K>();
         if constexpr (std::is_same_v<T, K>) {
-            if (s.dense_rows()) {
+            if (s.dense_rows() && rotary_ == nullptr) {
                 data_ = data;
                 return;
             }
@@ -105,11 +110,23 @@ private:
         for (int d = s.rank, stride = 1; d-- > 0; stride *= int(s.shape[d])) {
             strided_.strides[d] = stride;
         }
+        if (rotary_ != nullptr) {
+            const int64_t heads = s.shape[1], rows = s.shape[2], d = s.shape[3];
+            for (int64_t b = 0; b < s.shape[0]; b++) {
+                for (int64_t i = 0; i < rows; i++) {
+                    rotate_token(
+                        *rotary_, first_position_ + i,
+                        {TokenHeads<K>{dense + (b * heads * rows + i) * d, heads, rows * d, 1}});
+                }
+            }
+        }
     }
 
     const void *data_ = nullptr;
     halide_type_t type_;
     Strided strided_;
+    const RotaryParams *rotary_;
+    int64_t first_position_;
     std::optional<ScratchFloats> f32_memory_;
     std::optional<Scratch<bfloat16>> bf16_memory_;
 };
@@ -229,8 +246,8 @@ void run_attention(const StridedView<const T> &query, const StridedView<const T>
                                               erased(output), dtype_of<T>(), options);
     const CompiledKernel &kernel = select_kernel(p);
     const DType reads = kernel.variant.dtype;
-    const KernelInput q(query.data, p.query, reads), k(key.data, p.key, reads),
-        v(value.data, p.value, reads);
+    const KernelInput q(query.data, p.query, reads, p.rotary, p.key_len - p.query_len),
+        k(key.data, p.key, reads, p.rotary), v(value.data, p.value, reads);
     CoreArguments<T> core(p, options, output.data, options.lse ? options.lse->data : nullptr);
     HostBuffer q_buffer = q.buffer(), k_buffer = k.buffer(), v_buffer = v.buffer();
     ArgValues values{};
@@ -434,11 +451,32 @@ MHA_CHECKED_PAGED_ATTENTION(float16)
 
 namespace {
 
+// With a rotation, the kernels read a rotated copy of the query.
 template <typename T>
 void run_paged_attention(const StridedView<const T> &query, const PagedKvCache<T> &cache,
                          const StridedView<T> &output, const AttentionOptions &options) {
-    run_checked_paged_attention(check_paged_attention(query, cache, output, options), query, cache,
-                                output, options);
+    PagedParams p = check_paged_attention(query, cache, output, options);
+    if (!p.attention.rotary) {
+        run_checked_paged_attention(p, query, cache, output, options);
+        return;
+    }
+    const int64_t B = p.attention.batch, H = p.attention.heads, d = p.attention.head_dim;
+    const Strided &q = p.attention.query;  // [B, H, 1, d]
+    Scratch<T> rotated(B * H * d);
+    for (int64_t b = 0; b < B; b++) {
+        T *row = rotated.data() + b * H * d;
+        for (int64_t h = 0; h < H; h++) {
+            std::copy_n(query.data + b * q.strides[0] + h * q.strides[1], d, row + h * d);
+        }
+        const int64_t length = cache.sequence_lengths.data[b * p.sequence_lengths.strides[0]];
+        if (length > 0) {
+            rotate_token(*p.attention.rotary, length - 1, {TokenHeads<T>{row, H, d, 1}});
+        }
+    }
+    p.attention.query = {{B, H, 1, d}, {H * d, d, d, 1}, 4};
+    StridedView<const T> rotated_query;  // its data: p.attention.query describes it
+    rotated_query.data = rotated.data();
+    run_checked_paged_attention(p, rotated_query, cache, output, options);
 }
 
 // Rows [first, first + count) of a packed [total, heads, features] view, as the [1, heads,

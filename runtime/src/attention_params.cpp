@@ -130,6 +130,9 @@ void check_score_options(AttentionParams &p, const AttentionOptions &options) {
         check_extent("alibi_slopes", 1, p.alibi_slopes.shape[0], "query", p.heads);
     }
     p.modified_scores = p.softcap != 0 || options.alibi_slopes.has_value();
+    if (options.rotary) {
+        p.rotary = check_rotary(*options.rotary, p.head_dim);
+    }
     p.has_lse = options.lse.has_value();
     if (p.has_lse) {
         p.lse = checked("lse", *options.lse, 3, "[batch, heads, query length]", sizeof(float));
@@ -205,6 +208,15 @@ AttentionParams check_attention(const StridedView<const void> &query,
                     ? -Sq
                     : std::clamp(diagonal - std::min(options.window_left, Sq + Sk), -Sq, Sk));
     p.window_end = int32_t(right < 0 ? Sk : std::clamp(diagonal + right, -Sq - 1, Sk));
+    // Rotated queries take positions Sk - Sq to Sk - 1, keys 0 to Sk - 1.
+    const int64_t first_position = std::min<int64_t>(Sk - Sq, 0), last_position = Sk - 1;
+    if (p.rotary && (!rotary_position_valid(*p.rotary, first_position) ||
+                     !rotary_position_valid(*p.rotary, last_position))) {
+        throw Error(
+            fmt::format("rotary tables of positions 0 to {}: the queries and keys take "
+                        "positions {} to {} (query i at Sk - Sq + i, key j at j)",
+                        p.rotary->table_rows - 1, first_position, last_position));
+    }
     // What the kernels make: keys copied key-major and values head-major (rounded up by a tile),
     // the context with the rows' statistics, and the mask read at its full extent.
     const int64_t tile = contract::kMaxTile;
@@ -406,6 +418,15 @@ PagedParams check_paged_attention(const StridedView<const T> &query, const Paged
         }
     }
     check_score_options(p, options);
+    for (int64_t b = 0; b < p.batch && p.rotary; b++) {  // the query at its sequence's last key
+        const int64_t length = sequence_lengths.data[b * paged.sequence_lengths.strides[0]];
+        if (length > 0 && !rotary_position_valid(*p.rotary, length - 1)) {
+            throw Error(
+                fmt::format("sequence_lengths[{}] is {}: the query's position {} is not in "
+                            "the rotary tables' 0 to {}",
+                            b, length, length - 1, p.rotary->table_rows - 1));
+        }
+    }
     if (options.mask) {
         throw Error("a paged step takes no mask: sequence_lengths bound each sequence's keys");
     }

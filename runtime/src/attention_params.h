@@ -9,6 +9,7 @@
 
 #include "masks.h"
 #include "mha/mha.h"
+#include "rotary.h"
 
 namespace mha::detail {
 
@@ -35,6 +36,8 @@ struct AttentionParams {
     bool modified_scores;
     float softcap;
     Strided alibi_slopes;
+    // Q and K rotated first (AttentionOptions::rotary), their positions checked.
+    std::optional<RotaryParams> rotary;
 
     std::array<int64_t, 4> scores_shape() const { return {batch, heads, query_len, key_len}; }
 };

@@ -107,8 +107,9 @@ void rotate_new_tokens(const RotaryParams &r, float *qkv_rows, int64_t B, int64_
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < count(b); t++) {
             float *row = qkv_rows + (b * n + t) * width;
-            rotate_token(r, first_position(b) + t, TokenHeads<float>{row, H, d, 1},
-                         TokenHeads<float>{row + key_offset, Hkv, d, 1});
+            rotate_token(
+                r, first_position(b) + t,
+                {TokenHeads<float>{row, H, d, 1}, TokenHeads<float>{row + key_offset, Hkv, d, 1}});
         }
     }
 }

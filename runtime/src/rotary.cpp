@@ -76,8 +76,8 @@ bool rotary_position_valid(const RotaryParams &r, int64_t position) {
 }
 
 template <typename T>
-void rotate_token(const RotaryParams &r, int64_t position, const TokenHeads<T> &query,
-                  const TokenHeads<T> &key) {
+void rotate_token(const RotaryParams &r, int64_t position,
+                  std::initializer_list<TokenHeads<T>> tokens) {
     for (int64_t i = 0; i < r.pairs; i++) {
         float c, s;
         if (r.cos != nullptr) {
@@ -93,8 +93,9 @@ void rotate_token(const RotaryParams &r, int64_t position, const TokenHeads<T> &
         }
         const int64_t first = r.rotate_half ? i : 2 * i;
         const int64_t second = r.rotate_half ? i + r.pairs : 2 * i + 1;
-        rotate_pair(query, first, second, c, s);
-        rotate_pair(key, first, second, c, s);
+        for (const TokenHeads<T> &token : tokens) {
+            rotate_pair(token, first, second, c, s);
+        }
     }
 }
 
@@ -150,8 +151,8 @@ void rotary_embedding(const StridedView<T> &query, const StridedView<T> &key,
     for (int64_t t = 0; t < tokens; t++) {
         detail::rotate_token(
             r, positions.data[t * position_stride],
-            detail::TokenHeads<T>{query.data + t * qs[0], query.shape[1], qs[1], qs[2]},
-            detail::TokenHeads<T>{key.data + t * ks[0], key.shape[1], ks[1], ks[2]});
+            {detail::TokenHeads<T>{query.data + t * qs[0], query.shape[1], qs[1], qs[2]},
+             detail::TokenHeads<T>{key.data + t * ks[0], key.shape[1], ks[1], ks[2]}});
     }
 }
 
@@ -159,8 +160,7 @@ void rotary_embedding(const StridedView<T> &query, const StridedView<T> &key,
     template void rotary_embedding(const StridedView<T> &, const StridedView<T> &,             \
                                    const StridedView<const int64_t> &, const RotaryOptions &); \
     template void detail::rotate_token(const detail::RotaryParams &, int64_t,                  \
-                                       const detail::TokenHeads<T> &,                          \
-                                       const detail::TokenHeads<T> &);
+                                       std::initializer_list<detail::TokenHeads<T>>);
 MHA_ROTARY(float)
 MHA_ROTARY(bfloat16)
 MHA_ROTARY(float16)

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "mha/mha.h"
@@ -34,10 +35,11 @@ struct TokenHeads {
     int64_t heads, head_stride, feature_stride;
 };
 
-// Rotates one token's query and key heads by the angles of `position` (checked).
+// Rotates the heads of one token (its query's and key's, or either) by the angles of
+// `position` (checked), computed once for all.
 template <typename T>
-void rotate_token(const RotaryParams &r, int64_t position, const TokenHeads<T> &query,
-                  const TokenHeads<T> &key);
+void rotate_token(const RotaryParams &r, int64_t position,
+                  std::initializer_list<TokenHeads<T>> tokens);
 
 // A rotation that owns its tables: a cache's, which outlives the caller's options.
 struct OwnedRotary {

@@ -161,4 +161,156 @@ TEST(RotaryErrors, NameTheArgumentAndWriteNothing) {
     expect_error("theta 0 must be finite and > 0", theta);
 }
 
+// --- The rotation as an option of attention(), varlen_attention() and paged_attention() --------
+
+// [B, heads, S, d] random values of T.
+template <typename T>
+std::vector<T> random_heads(int64_t B, int64_t heads, int64_t S, int64_t d, std::mt19937_64 &rng) {
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<T> x(size_t(B * heads * S * d));
+    for (T &v : x) {
+        const float f = u(rng);
+        mha::detail::convert(&f, &v, 1);
+    }
+    return x;
+}
+
+// Rotates [B, heads, S, d] in place with rotary_embedding, row i of each batch row at first + i.
+template <typename T>
+void rotate_rows(std::vector<T> &x, int64_t B, int64_t heads, int64_t S, int64_t d, int64_t first,
+                 const mha::RotaryOptions &options) {
+    std::vector<int64_t> positions(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; i++) {
+        positions[size_t(i)] = first + i;
+    }
+    std::vector<T> none(
+        static_cast<size_t>(S * d));  // rotary_embedding rotates a key too: an unused one
+    for (int64_t b = 0; b < B; b++) {
+        mha::rotary_embedding(
+            StridedView<T>{x.data() + b * heads * S * d, {S, heads, d}, {d, S * d, 1}},
+            StridedView<T>{none.data(), {S, 1, d}, {}},
+            StridedView<const int64_t>{positions.data(), {S}, {}}, options);
+    }
+}
+
+struct AttentionRotaryCase {
+    const char *name;
+    int64_t B, heads, kv_heads, Sq, Sk, d, rotary_dim;
+    RotaryStyle style;
+    mha::Causal causal;
+};
+
+class AttentionRotary : public ::testing::TestWithParam<AttentionRotaryCase> {};
+
+// attention() with `rotary` gives what rotary_embedding of copies of Q (rows at Sk - Sq + i) and
+// K (at j), then attention() without it, give; the caller's Q and K stay as they were.
+template <typename T>
+void expect_rotated_attention(const AttentionRotaryCase &c, float tolerance) {
+    std::mt19937_64 rng(mha::testing::next_seed());
+    const std::vector<T> q = random_heads<T>(c.B, c.heads, c.Sq, c.d, rng);
+    const std::vector<T> k = random_heads<T>(c.B, c.kv_heads, c.Sk, c.d, rng);
+    const std::vector<T> v = random_heads<T>(c.B, c.kv_heads, c.Sk, c.d, rng);
+    mha::RotaryOptions rotary;
+    rotary.style = c.style;
+    rotary.rotary_dim = c.rotary_dim;
+    rotary.theta = 500;
+    const auto view = [](const std::vector<T> &x, int64_t heads, int64_t S, int64_t d, int64_t B) {
+        return StridedView<const T>{x.data(), {B, heads, S, d}, {}};
+    };
+    const int64_t out_size = c.B * c.heads * c.Sq * c.d;
+    std::vector<T> got(static_cast<size_t>(out_size)), want(got.size());
+    mha::AttentionOptions options;
+    options.causal = c.causal;
+    options.rotary = rotary;
+    mha::attention(view(q, c.heads, c.Sq, c.d, c.B), view(k, c.kv_heads, c.Sk, c.d, c.B),
+                   view(v, c.kv_heads, c.Sk, c.d, c.B),
+                   StridedView<T>{got.data(), {c.B, c.heads, c.Sq, c.d}, {}}, options);
+    std::vector<T> rotated_q = q, rotated_k = k;
+    rotate_rows(rotated_q, c.B, c.heads, c.Sq, c.d, c.Sk - c.Sq, rotary);
+    rotate_rows(rotated_k, c.B, c.kv_heads, c.Sk, c.d, 0, rotary);
+    options.rotary.reset();
+    mha::attention(view(rotated_q, c.heads, c.Sq, c.d, c.B),
+                   view(rotated_k, c.kv_heads, c.Sk, c.d, c.B), view(v, c.kv_heads, c.Sk, c.d, c.B),
+                   StridedView<T>{want.data(), {c.B, c.heads, c.Sq, c.d}, {}}, options);
+    std::vector<float> got_f(got.size()), want_f(want.size());
+    mha::detail::convert(got.data(), got_f.data(), out_size);
+    mha::detail::convert(want.data(), want_f.data(), out_size);
+    EXPECT_LT(mha::reference::relative_l2(got_f, mha::reference::to_double(want_f)), tolerance);
+    EXPECT_GT(mha::reference::relative_l2(
+                  got_f, mha::reference::to_double(std::vector<float>(got_f.size(), 0.0f))),
+              0.0);
+}
+
+TEST_P(AttentionRotary, IsRotaryEmbeddingThenAttention) {
+    expect_rotated_attention<float>(GetParam(), 1e-6f);
+    // rotary_embedding rounds the rotated values to bf16; the call does where its kernel reads
+    // bf16 (tile products), and keeps them in f32 where it reads f32.
+    expect_rotated_attention<mha::bfloat16>(GetParam(), 1e-2f);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionRotary,
+    ::testing::Values(AttentionRotaryCase{"decode_chunk_bottom_right", 2, 4, 2, 5, 37, 16, 0,
+                                          RotaryStyle::rotate_half, mha::Causal::bottom_right},
+                      AttentionRotaryCase{"prefill_interleaved_partial", 1, 3, 3, 33, 33, 10, 6,
+                                          RotaryStyle::interleaved, mha::Causal::top_left},
+                      AttentionRotaryCase{"one_query_head_dim_128", 3, 8, 1, 1, 70, 128, 64,
+                                          RotaryStyle::rotate_half, mha::Causal::none}),
+    [](const auto &info) { return info.param.name; });
+
+// paged_attention() with `rotary` rotates the query at its sequence's last position: what
+// rotary_embedding of the query there, then paged_attention() without it, give.
+TEST(PagedAttentionRotary, RotatesTheQueryAtItsSequencesLastKey) {
+    constexpr int64_t B = 3, H = 4, Hkv = 2, d = 16, bs = 16, blocks = 8;
+    std::mt19937_64 rng(mha::testing::next_seed());
+    const std::vector<float> q = random_heads<float>(B, 1, H, d, rng);  // [B, 1, H, d]
+    const std::vector<float> pool = random_heads<float>(blocks, bs, Hkv, d, rng);
+    std::vector<int32_t> table{0, 1, 2, 3, 4, 5, 6, 7, 0}, lengths{17, 0, 30};
+    mha::RotaryOptions rotary;
+    rotary.theta = 10000;
+    mha::AttentionOptions options;
+    options.rotary = rotary;
+    const mha::PagedKvCache<float> cache{{pool.data(), {blocks, bs, Hkv, d}, {}},
+                                         {pool.data(), {blocks, bs, Hkv, d}, {}},
+                                         {table.data(), {B, 3}, {}},
+                                         {lengths.data(), {B}, {}}};
+    std::vector<float> got(static_cast<size_t>(B * H * d)), want(got.size());
+    mha::paged_attention(StridedView<const float>{q.data(), {B, 1, H, d}, {}}, cache,
+                         StridedView<float>{got.data(), {B, 1, H, d}, {}}, options);
+    std::vector<float> rotated_q = q;
+    for (int64_t b = 0; b < B; b++) {
+        if (lengths[size_t(b)] > 0) {
+            std::vector<float> row(rotated_q.begin() + b * H * d,
+                                   rotated_q.begin() + (b + 1) * H * d);
+            rotate_rows(row, 1, H, 1, d, lengths[size_t(b)] - 1, rotary);
+            std::copy(row.begin(), row.end(), rotated_q.begin() + b * H * d);
+        }
+    }
+    options.rotary.reset();
+    mha::paged_attention(StridedView<const float>{rotated_q.data(), {B, 1, H, d}, {}}, cache,
+                         StridedView<float>{want.data(), {B, 1, H, d}, {}}, options);
+    EXPECT_EQ(got, want);
+    EXPECT_NE(q, rotated_q);
+}
+
+// Tables too short for the positions a call rotates raise mha::Error naming them.
+TEST(AttentionRotaryErrors, PositionsPastTheTablesNameThemselves) {
+    std::vector<float> x(1 * 2 * 9 * 8, 0.5f), out(1 * 2 * 4 * 8), table(6 * 4, 0.5f);
+    mha::AttentionOptions options;
+    options.rotary = mha::RotaryOptions{};
+    options.rotary->cos = StridedView<const float>{table.data(), {6, 4}, {}};
+    options.rotary->sin = options.rotary->cos;
+    try {
+        mha::attention(StridedView<const float>{x.data(), {1, 2, 4, 8}, {}},
+                       StridedView<const float>{x.data(), {1, 2, 9, 8}, {}},
+                       StridedView<const float>{x.data(), {1, 2, 9, 8}, {}},
+                       StridedView<float>{out.data(), {1, 2, 4, 8}, {}}, options);
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(),
+                     "rotary tables of positions 0 to 5: the queries and keys take positions 0 "
+                     "to 8 (query i at Sk - Sq + i, key j at j)");
+    }
+}
+
 }  // namespace

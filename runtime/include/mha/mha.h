@@ -390,6 +390,13 @@ struct AttentionOptions {
     // them from the threads, the batch, the key/value heads and the longest sequence. Steps with
     // a window that leaves keys out, or with ALiBi, run one split.
     int num_splits = 0;
+    // Rotary embeddings of the query and the key before their scores (FlashAttention's
+    // rotary_cos and rotary_sin): query row i at position Sk - Sq + i (the last Sq of the Sk
+    // positions, as bottom_right aligns them), key j at j; the caller's tensors are left as they
+    // are (the kernel reads rotated copies, rounded to what it reads). varlen_attention: within
+    // each sequence. paged_attention: the query at sequence_lengths[b] - 1, the cache's keys as
+    // they lie (rotated when written: rotary_embedding, or a module's rotary step).
+    std::optional<RotaryOptions> rotary;
 };
 
 // query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> output [B, H, Sq, dv]:

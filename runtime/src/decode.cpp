@@ -225,6 +225,9 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity, std::opt
                                        const std::optional<RotaryOptions> &rotary) const {
     const DType cache_dtype = dtype.value_or(dtype_);
     check_decode_cache(cache_dtype);
+    if (rotary) {  // before the cache's memory is taken
+        detail::check_rotary(*rotary, head_dim());
+    }
     if (batch < 1 || capacity < 1) {
         throw Error(
             fmt::format("a cache of batch {} and capacity {}: both must be >= 1", batch, capacity));

@@ -71,11 +71,12 @@ public:
     KernelInput(const T *data, const Strided &s, DType kernel_dtype,
                 const std::optional<RotaryParams> &rotary = std::nullopt,
                 int64_t first_position = 0)
-        : strided_(s), rotary_(rotary ? &*rotary : nullptr), first_position_(first_position) {
+        : strided_(s) {
+        const RotaryParams *rotation = rotary ? &*rotary : nullptr;
         if (kernel_dtype == DType::f32) {
-            store(data, s, f32_memory_);
+            store(data, s, f32_memory_, rotation, first_position);
         } else if constexpr (std::is_same_v<T, bfloat16>) {
-            store(data, s, bf16_memory_);
+            store(data, s, bf16_memory_, rotation, first_position);
         } else {
             throw Error("internal error: a bf16 attention kernel was chosen for another dtype");
         }
@@ -87,10 +88,11 @@ public:
 
 private:
     template <typename T, typename K>
-    void store(const T *data, const Strided &s, std::optional<Scratch<K>> &memory) {
+    void store(const T *data, const Strided &s, std::optional<Scratch<K>> &memory,
+               const RotaryParams *rotary, int64_t first_position) {
         type_ = halide_type_of<K>();
         if constexpr (std::is_same_v<T, K>) {
-            if (s.dense_rows() && rotary_ == nullptr) {
+            if (s.dense_rows() && rotary == nullptr) {
                 data_ = data;
                 return;
             }
@@ -110,12 +112,12 @@ private:
         for (int d = s.rank, stride = 1; d-- > 0; stride *= int(s.shape[d])) {
             strided_.strides[d] = stride;
         }
-        if (rotary_ != nullptr) {
+        if (rotary != nullptr) {
             const int64_t heads = s.shape[1], rows = s.shape[2], d = s.shape[3];
             for (int64_t b = 0; b < s.shape[0]; b++) {
                 for (int64_t i = 0; i < rows; i++) {
                     rotate_token(
-                        *rotary_, first_position_ + i,
+                        *rotary, first_position + i,
                         {TokenHeads<K>{dense + (b * heads * rows + i) * d, heads, rows * d, 1}});
                 }
             }
@@ -125,8 +127,6 @@ private:
     const void *data_ = nullptr;
     halide_type_t type_;
     Strided strided_;
-    const RotaryParams *rotary_;
-    int64_t first_position_;
     std::optional<ScratchFloats> f32_memory_;
     std::optional<Scratch<bfloat16>> bf16_memory_;
 };

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import _mha
-from ._sdpa import _DTYPES, _array
+from ._sdpa import _DTYPES, Rotary, _array, _rotation, _rotation_args
 
 
 class PagedDecodeCache(NamedTuple):
@@ -31,7 +31,7 @@ class PagedDecodeCache(NamedTuple):
     block_table: Tensor
     cache_seqlens: Tensor
     slot_mapping: Tensor
-    rotary: Optional["Rotary"] = None  # noqa: F821 (mha.Rotary, of _rotary, which imports this)
+    rotary: Optional[Rotary] = None
 
 
 def _check(name: str, tensor: Tensor, dtype: torch.dtype) -> None:
@@ -53,8 +53,11 @@ def check_decode_cache(cache: PagedDecodeCache) -> None:
 @torch.library.custom_op("mha::paged_attention", mutates_args=())
 def _paged_op(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: Tensor,
               cache_seqlens: Tensor, scale: Optional[float], window_left: int, softcap: float,
-              alibi_slopes: Optional[Tensor], num_splits: int) -> tuple[Tensor, Tensor]:
-    """query [B, 1, H, d] -> (output [B, 1, H, dv], lse [B, H, 1])."""
+              alibi_slopes: Optional[Tensor], num_splits: int, rotary_dim: int,
+              rotary_interleaved: bool, rotary_theta: float, rotary_cos: Optional[Tensor],
+              rotary_sin: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """query [B, 1, H, d] -> (output [B, 1, H, dv], lse [B, H, 1]); rotary_dim -1: no
+    rotation."""
     output = torch.empty(*query.shape[:-1], value_cache.shape[-1], dtype=query.dtype)
     lse = torch.empty(query.shape[0], query.shape[2], 1, dtype=torch.float32)
     _mha.paged_attention(_array(query), _array(key_cache), _array(value_cache),
@@ -63,13 +66,16 @@ def _paged_op(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table
                          softcap=softcap,
                          alibi_slopes=None if alibi_slopes is None
                          else _array(alibi_slopes.to(torch.float32)),
-                         lse=_array(lse), num_splits=num_splits)
+                         lse=_array(lse), num_splits=num_splits,
+                         rotary=_rotation(rotary_dim, rotary_interleaved, rotary_theta,
+                                          rotary_cos, rotary_sin))
     return output, lse
 
 
 @_paged_op.register_fake
 def _(query, key_cache, value_cache, block_table, cache_seqlens, scale, window_left, softcap,
-      alibi_slopes, num_splits):
+      alibi_slopes, num_splits, rotary_dim, rotary_interleaved, rotary_theta, rotary_cos,
+      rotary_sin):
     return (query.new_empty(*query.shape[:-1], value_cache.shape[-1]),
             query.new_empty(query.shape[0], query.shape[2], 1, dtype=torch.float32))
 
@@ -78,7 +84,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                     cache_seqlens: Tensor, *, scale: Optional[float] = None,
                     window: Optional[int] = None, softcap: Optional[float] = None,
                     alibi_slopes: Optional[Tensor] = None, num_splits: int = 0,
-                    return_lse: bool = False):
+                    rotary: Optional[Rotary] = None, return_lse: bool = False):
     """One new token per sequence over its paged cache, as ``flash_attn_with_kvcache`` with a
     ``block_table``: query [B, 1, H, d] -> output [B, 1, H, dv], H a multiple of Hkv, the query
     the last of its sequence's ``cache_seqlens[b]`` keys (write its key and value first, with
@@ -86,8 +92,10 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
     None: all); ``softcap`` and ``alibi_slopes`` [H] as ``mha.scaled_dot_product_attention``
     takes them; ``num_splits`` as ``flash_attn_with_kvcache``'s (each sequence's keys in that
     many splits run as tasks of their own, merged by log-sum-exp; 0 chooses from the threads;
-    a window that leaves keys out, or ALiBi, runs one); ``return_lse`` returns
-    ``(output, lse)``, lse [B, H, 1] in float32. A sequence of no keys gets zeros."""
+    a window that leaves keys out, or ALiBi, runs one); ``rotary`` (an ``mha.Rotary``), the
+    query is read rotated at its position ``cache_seqlens[b] - 1`` (the cache's keys as they
+    lie: rotate them before they are written); ``return_lse`` returns ``(output, lse)``, lse
+    [B, H, 1] in float32. A sequence of no keys gets zeros."""
     if query.dtype not in _DTYPES:
         raise TypeError(f"query is {query.dtype}: mha computes in float32, bfloat16 or float16")
     for name, tensor in (("query", query), ("key_cache", key_cache),
@@ -99,7 +107,7 @@ def paged_attention(query: Tensor, key_cache: Tensor, value_cache: Tensor, block
                             None if scale is None else float(scale),
                             -1 if window is None else int(window),
                             0.0 if softcap is None else float(softcap), alibi_slopes,
-                            int(num_splits))
+                            int(num_splits), *_rotation_args(rotary))
     return (output, lse) if return_lse else output
 
 

@@ -1,44 +1,23 @@
 """mha.rotary_embedding: rotary position embeddings applied in place to packed queries and keys,
-as vLLM's ``rotary_embedding`` op applies them before the attention and the cache write; and
-mha.Rotary, the same rotation as a decode step applies it to its new tokens.
+as vLLM's ``rotary_embedding`` op applies them before the attention and the cache write (an
+``mha.Rotary`` gives the same rotation to a decode step or an attention call).
 
 A custom op that mutates its query and key (``torch.compile(fullgraph=True)`` and
 ``torch.export`` keep it).
 """
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from . import _mha
 from ._paged import _check
-from ._sdpa import _DTYPES, _array
-
-
-class Rotary(NamedTuple):
-    """The rotation a decode step applies to its new tokens' queries and keys at their positions
-    before their keys are stored (``MultiheadAttention.make_cache(rotary=...)``, or a
-    ``PagedDecodeCache``'s ``rotary``), with ``rotary_embedding``'s options: Llama's is
-    ``Rotary(theta=config.rope_theta)``."""
-    interleaved: bool = False
-    rotary_dim: Optional[int] = None
-    theta: float = 10000.0
-    cos: Optional[Tensor] = None
-    sin: Optional[Tensor] = None
+from ._sdpa import _DTYPES, Rotary, _array, _rotation, _rotation_args
 
 
 def rotary_args(rotary: Optional[Rotary]):
     """What the extension takes for a rotation: a tuple, or None."""
-    if rotary is None:
-        return None
-    if not isinstance(rotary, Rotary):
-        raise TypeError(f"rotary is {type(rotary).__name__}: give an mha.Rotary")
-    for name, table in (("cos", rotary.cos), ("sin", rotary.sin)):
-        if table is not None:
-            _check(name, table, torch.float32)
-    return (bool(rotary.interleaved), 0 if rotary.rotary_dim is None else int(rotary.rotary_dim),
-            float(rotary.theta), None if rotary.cos is None else _array(rotary.cos),
-            None if rotary.sin is None else _array(rotary.sin))
+    return _rotation(*_rotation_args(rotary))
 
 
 @torch.library.custom_op("mha::rotary_embedding", mutates_args=("query", "key"))

@@ -7,7 +7,7 @@ implementation, so ``torch.compile(fullgraph=True)`` keeps it as one op and ``to
 exports it. Tensors reach the kernels in place, strides and all, when each row's features are
 contiguous.
 """
-from typing import Optional, Tuple, Union
+from typing import NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -27,6 +27,50 @@ def _array(tensor: Tensor):
     return tensor.numpy()
 
 
+class Rotary(NamedTuple):
+    """A rotary position embedding (RoPE), with ``rotary_embedding``'s options: Llama's is
+    ``Rotary(theta=config.rope_theta)``. A decode step applies it to its new tokens' queries and
+    keys at their positions before their keys are stored (``MultiheadAttention.make_cache(
+    rotary=...)``, or a ``PagedDecodeCache``'s ``rotary``); the attention calls' ``rotary``
+    argument to their queries and keys as they read them."""
+    interleaved: bool = False
+    rotary_dim: Optional[int] = None
+    theta: float = 10000.0
+    cos: Optional[Tensor] = None
+    sin: Optional[Tensor] = None
+
+
+_NO_ROTATION = (-1, False, 0.0, None, None)
+
+
+def _rotation_args(rotary: Optional[Rotary]):
+    """A rotation as the ops take it: (rotary_dim, interleaved, theta, cos, sin), rotary_dim -1
+    without one (0: all features)."""
+    if rotary is None:
+        return _NO_ROTATION
+    if not isinstance(rotary, Rotary):
+        raise TypeError(f"rotary is {type(rotary).__name__}: give an mha.Rotary")
+    for name, table in (("cos", rotary.cos), ("sin", rotary.sin)):
+        if table is not None and (not table.is_cpu or table.dtype != torch.float32):
+            raise TypeError(f"rotary.{name} is {table.dtype} on {table.device}: it must be "
+                            f"float32 on the CPU")
+    rotary_dim = 0 if rotary.rotary_dim is None else int(rotary.rotary_dim)
+    if rotary_dim < 0:
+        raise ValueError(f"rotary.rotary_dim is {rotary_dim}: give the rotated features (even), "
+                         f"or None for all")
+    return (rotary_dim, bool(rotary.interleaved), float(rotary.theta), rotary.cos, rotary.sin)
+
+
+def _rotation(rotary_dim: int, interleaved: bool, theta: float, cos: Optional[Tensor],
+              sin: Optional[Tensor]):
+    """The extension's rotation of the ops' arguments: (interleaved, rotary_dim, theta, cos,
+    sin), or None."""
+    if rotary_dim < 0:
+        return None
+    return (interleaved, rotary_dim, theta, None if cos is None else _array(cos),
+            None if sin is None else _array(sin))
+
+
 def _as_4d(tensor: Tensor) -> Tensor:
     """[..., L, E] as [B, H, L, E]: views of rank 2 to 4 (leading dimensions beyond two are
     folded into the batch)."""
@@ -41,7 +85,7 @@ def _as_4d(tensor: Tensor) -> Tensor:
 
 def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
          is_causal: bool, scale: Optional[float], window_left: int, window_right: int,
-         softcap: float, alibi_slopes: Optional[Tensor],
+         softcap: float, alibi_slopes: Optional[Tensor], rotation: tuple,
          with_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
     """The op's computation: output [B, H, L, Ev] of query's dtype, lse [B, H, L] float32 (None
     without ``with_lse``, which only untraced calls leave out)."""
@@ -58,7 +102,7 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
                    window_left=window_left, window_right=window_right, softcap=softcap,
                    alibi_slopes=None if alibi_slopes is None
                    else _array(alibi_slopes.to(torch.float32)),
-                   lse=None if lse is None else _array(lse))
+                   lse=None if lse is None else _array(lse), rotary=_rotation(*rotation))
     shape = (*query.shape[:-1], value.shape[-1])
     return output.reshape(shape), None if lse is None else lse.reshape(shape[:-1])
 
@@ -66,16 +110,19 @@ def _run(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
 @torch.library.custom_op("mha::scaled_dot_product_attention", mutates_args=())
 def _sdpa_op(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor],
              is_causal: bool, scale: Optional[float], window_left: int, window_right: int,
-             softcap: float, alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+             softcap: float, alibi_slopes: Optional[Tensor], rotary_dim: int,
+             rotary_interleaved: bool, rotary_theta: float, rotary_cos: Optional[Tensor],
+             rotary_sin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     """query [..., L, E], key [..., S, E], value [..., S, Ev] -> (output [..., L, Ev], lse
-    [..., L])."""
+    [..., L]); rotary_dim -1: no rotation."""
     return _run(query, key, value, attn_mask, is_causal, scale, window_left, window_right,
-                softcap, alibi_slopes)
+                softcap, alibi_slopes,
+                (rotary_dim, rotary_interleaved, rotary_theta, rotary_cos, rotary_sin))
 
 
 @_sdpa_op.register_fake
 def _(query, key, value, attn_mask, is_causal, scale, window_left, window_right, softcap,
-      alibi_slopes):
+      alibi_slopes, rotary_dim, rotary_interleaved, rotary_theta, rotary_cos, rotary_sin):
     shape = (*query.shape[:-1], value.shape[-1])
     return query.new_empty(shape), query.new_empty(shape[:-1], dtype=torch.float32)
 
@@ -139,7 +186,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
                                  window: Union[None, int, Tuple[int, int]] = None,
                                  softcap: Optional[float] = None,
                                  alibi_slopes: Optional[Tensor] = None,
-                                 return_lse: bool = False):
+                                 rotary: Optional[Rotary] = None, return_lse: bool = False):
     """torch.nn.functional.scaled_dot_product_attention on mha's kernels.
 
     query [..., Hq, L, E], key [..., H, S, E], value [..., H, S, Ev] -> [..., Hq, L, Ev], as
@@ -149,17 +196,20 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     0)`` with ``is_causal``, else both sides; -1 leaves a side unbounded), the diagonal aligned to
     the bottom right when L != S (top left with ``is_causal``); ``softcap``, scores become
     ``softcap * tanh(score / softcap)``; ``alibi_slopes`` [Hq], scores minus ``slope * |i + S -
-    L - j|``; ``return_lse`` returns ``(output, lse)``, lse [..., Hq, L] the float32
-    log-sum-exp of each row's scores.
+    L - j|``; ``rotary`` (an ``mha.Rotary``), the kernels read query row i rotated at position
+    S - L + i and key j at j (``flash_attn_with_kvcache``'s ``rotary_cos``/``rotary_sin``; the
+    tensors are left as they are); ``return_lse`` returns ``(output, lse)``, lse [..., Hq, L] the
+    float32 log-sum-exp of each row's scores.
     """
     _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     window_left, window_right = _window_sides(window, is_causal)
     args = (query, key, value, attn_mask, is_causal,
             None if scale is None else float(scale), window_left, window_right,
             0.0 if softcap is None else float(softcap), alibi_slopes)
+    rotation = _rotation_args(rotary)
     if _traced(query):
-        output, lse = _sdpa_op(*args)
+        output, lse = _sdpa_op(*args, *rotation)
     else:
-        output, lse = _run(*args, with_lse=return_lse)
+        output, lse = _run(*args, rotation, with_lse=return_lse)
     return (output, lse) if return_lse else output
 

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from . import _mha
 from ._paged import _check
-from ._sdpa import _DTYPES, _array, _window_sides
+from ._sdpa import _DTYPES, Rotary, _array, _rotation, _rotation_args, _window_sides
 
 _CAUSAL_BOTTOM_RIGHT = 2  # FlashAttention's causal order
 
@@ -21,8 +21,11 @@ _CAUSAL_BOTTOM_RIGHT = 2  # FlashAttention's causal order
 def _varlen_op(query: Tensor, key: Tensor, value: Tensor, cu_seqlens_q: Tensor,
                cu_seqlens_k: Tensor, scale: Optional[float], causal: bool, window_left: int,
                window_right: int, softcap: float,
-               alibi_slopes: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
-    """query [total_q, H, d] -> (output [total_q, H, dv], lse [H, total_q])."""
+               alibi_slopes: Optional[Tensor], rotary_dim: int, rotary_interleaved: bool,
+               rotary_theta: float, rotary_cos: Optional[Tensor],
+               rotary_sin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+    """query [total_q, H, d] -> (output [total_q, H, dv], lse [H, total_q]); rotary_dim -1: no
+    rotation."""
     output = torch.empty(*query.shape[:-1], value.shape[-1], dtype=query.dtype)
     lse = torch.empty(query.shape[1], query.shape[0], dtype=torch.float32)
     _mha.varlen_attention(_array(query), _array(key), _array(value), _array(cu_seqlens_q),
@@ -31,13 +34,16 @@ def _varlen_op(query: Tensor, key: Tensor, value: Tensor, cu_seqlens_q: Tensor,
                           window_left=window_left, window_right=window_right, softcap=softcap,
                           alibi_slopes=None if alibi_slopes is None
                           else _array(alibi_slopes.to(torch.float32)),
-                          lse=_array(lse))
+                          lse=_array(lse),
+                          rotary=_rotation(rotary_dim, rotary_interleaved, rotary_theta,
+                                           rotary_cos, rotary_sin))
     return output, lse
 
 
 @_varlen_op.register_fake
 def _(query, key, value, cu_seqlens_q, cu_seqlens_k, scale, causal, window_left, window_right,
-      softcap, alibi_slopes):
+      softcap, alibi_slopes, rotary_dim, rotary_interleaved, rotary_theta, rotary_cos,
+      rotary_sin):
     return (query.new_empty(*query.shape[:-1], value.shape[-1]),
             query.new_empty(query.shape[1], query.shape[0], dtype=torch.float32))
 
@@ -48,7 +54,7 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, cu_seqlens_q: Te
                      scale: Optional[float] = None,
                      window: Union[None, int, Tuple[int, int]] = None,
                      softcap: Optional[float] = None, alibi_slopes: Optional[Tensor] = None,
-                     return_lse: bool = False):
+                     rotary: Optional[Rotary] = None, return_lse: bool = False):
     """Attention over sequences packed without padding, as ``flash_attn_varlen_func``: query
     [total_q, H, d], key [total_k, Hkv, d], value [total_k, Hkv, dv] -> output [total_q, H, dv],
     H a multiple of Hkv. Sequence b is query rows ``cu_seqlens_q[b]`` to ``cu_seqlens_q[b + 1] -
@@ -56,9 +62,11 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, cu_seqlens_q: Te
     ending at the totals). ``causal``: each query sees the keys up to its position aligned to its
     sequence's last key (FlashAttention's bottom-right order); ``window``, ``softcap`` and
     ``alibi_slopes`` as ``mha.scaled_dot_product_attention`` takes them, within each sequence;
-    ``return_lse`` returns ``(output, lse)``, lse [H, total_q] in float32. A sequence of no keys
-    gets zeros. ``max_seqlen_q`` and ``max_seqlen_k`` are FlashAttention's launch sizes, accepted
-    for its signature and not needed."""
+    ``rotary`` (an ``mha.Rotary``), each sequence's query row i is read rotated at position
+    Sk - Sq + i and key j at j, Sq and Sk its lengths; ``return_lse`` returns ``(output, lse)``,
+    lse [H, total_q] in float32. A sequence of no keys gets zeros. ``max_seqlen_q`` and
+    ``max_seqlen_k`` are FlashAttention's launch sizes, accepted for its signature and not
+    needed."""
     if query.dtype not in _DTYPES:
         raise TypeError(f"query is {query.dtype}: mha computes in float32, bfloat16 or float16")
     for name, tensor in (("query", query), ("key", key), ("value", value)):
@@ -69,5 +77,6 @@ def varlen_attention(query: Tensor, key: Tensor, value: Tensor, cu_seqlens_q: Te
     output, lse = _varlen_op(query, key, value, cu_seqlens_q, cu_seqlens_k,
                              None if scale is None else float(scale), bool(causal),
                              window_left, window_right,
-                             0.0 if softcap is None else float(softcap), alibi_slopes)
+                             0.0 if softcap is None else float(softcap), alibi_slopes,
+                             *_rotation_args(rotary))
     return (output, lse) if return_lse else output

@@ -118,15 +118,41 @@ mha::StridedView<T> strided(const Array &array) {
     return {static_cast<T *>(array.data()), shape_of(array), strides};
 }
 
-// mha::attention on arrays of `dtype` ("f32", or "bf16"/"f16" given as their 16-bit bits).
-// What attention() and paged_attention() take alike (mask: bool or float32; lse: float32).
+// A rotation as mha.Rotary gives it: (interleaved, rotary_dim, theta, cos, sin), tables float32.
+using RotaryTuple =
+    std::tuple<bool, int64_t, float, std::optional<StridedArray>, std::optional<StridedArray>>;
+mha::RotaryOptions rotary_options(const RotaryTuple &rotary) {
+    const auto &[interleaved, rotary_dim, theta, cos, sin] = rotary;
+    mha::RotaryOptions options;
+    options.style = interleaved ? mha::RotaryStyle::interleaved : mha::RotaryStyle::rotate_half;
+    options.rotary_dim = rotary_dim;
+    options.theta = theta;
+    for (const auto &[name, table, view] :
+         {std::tuple{"cos", &cos, &options.cos}, {"sin", &sin, &options.sin}}) {
+        if (*table) {
+            if ((*table)->dtype() != nb::dtype<float>())
+                throw nb::type_error((std::string(name) + " must be float32").c_str());
+            *view = strided<const float>(**table);
+        }
+    }
+    return options;
+}
+
+std::optional<mha::RotaryOptions> optional_rotary(const std::optional<RotaryTuple> &rotary) {
+    return rotary ? std::optional(rotary_options(*rotary)) : std::nullopt;
+}
+
+// What attention(), varlen_attention() and paged_attention() take alike (mask: bool or float32;
+// lse: float32; rotary: a RotaryTuple).
 mha::AttentionOptions attention_options(const std::optional<StridedArray> &mask,
                                         std::optional<float> scale, int causal, int64_t window_left,
                                         int64_t window_right, float softcap,
                                         const std::optional<StridedArray> &alibi_slopes,
-                                        const std::optional<StridedArray> &lse) {
+                                        const std::optional<StridedArray> &lse,
+                                        const std::optional<RotaryTuple> &rotary) {
     mha::AttentionOptions options;
     options.scale = scale;
+    options.rotary = optional_rotary(rotary);
     if (mask) {
         if (mask->dtype() == nb::dtype<bool>())
             options.mask = mha::AttentionMask{strided<const uint8_t>(*mask)};
@@ -173,30 +199,6 @@ void with_elements(const std::string &dtype, std::initializer_list<const Strided
         with_16_bits(dtype, run);
 }
 
-// A rotation as mha.Rotary gives it: (interleaved, rotary_dim, theta, cos, sin), tables float32.
-using RotaryTuple =
-    std::tuple<bool, int64_t, float, std::optional<StridedArray>, std::optional<StridedArray>>;
-mha::RotaryOptions rotary_options(const RotaryTuple &rotary) {
-    const auto &[interleaved, rotary_dim, theta, cos, sin] = rotary;
-    mha::RotaryOptions options;
-    options.style = interleaved ? mha::RotaryStyle::interleaved : mha::RotaryStyle::rotate_half;
-    options.rotary_dim = rotary_dim;
-    options.theta = theta;
-    for (const auto &[name, table, view] :
-         {std::tuple{"cos", &cos, &options.cos}, {"sin", &sin, &options.sin}}) {
-        if (*table) {
-            if ((*table)->dtype() != nb::dtype<float>())
-                throw nb::type_error((std::string(name) + " must be float32").c_str());
-            *view = strided<const float>(**table);
-        }
-    }
-    return options;
-}
-
-std::optional<mha::RotaryOptions> optional_rotary(const std::optional<RotaryTuple> &rotary) {
-    return rotary ? std::optional(rotary_options(*rotary)) : std::nullopt;
-}
-
 template <typename T>
 void check_int_array(const char *name, const StridedArray &a) {
     if (a.dtype() != nb::dtype<T>())
@@ -240,10 +242,10 @@ NB_MODULE(_mha, m) {
            const StridedArray &output, const std::string &dtype,
            const std::optional<StridedArray> &mask, std::optional<float> scale, int causal,
            int64_t window_left, int64_t window_right, float softcap,
-           const std::optional<StridedArray> &alibi_slopes,
-           const std::optional<StridedArray> &lse) {
+           const std::optional<StridedArray> &alibi_slopes, const std::optional<StridedArray> &lse,
+           const std::optional<RotaryTuple> &rotary) {
             const mha::AttentionOptions options = attention_options(
-                mask, scale, causal, window_left, window_right, softcap, alibi_slopes, lse);
+                mask, scale, causal, window_left, window_right, softcap, alibi_slopes, lse, rotary);
             with_elements(dtype, {&query, &key, &value, &output}, [&](auto element) {
                 using T = decltype(element);
                 nb::gil_scoped_release released;
@@ -255,21 +257,24 @@ NB_MODULE(_mha, m) {
         nb::arg("mask").none() = nb::none(), nb::arg("scale").none() = nb::none(),
         nb::arg("causal") = 0, nb::arg("window_left") = -1, nb::arg("window_right") = -1,
         nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes").none() = nb::none(),
-        nb::arg("lse").none() = nb::none(),
+        nb::arg("lse").none() = nb::none(), nb::arg("rotary").none() = nb::none(),
         "mha::attention: query [B, H, Sq, d], key [B, Hkv, Sk, d], value [B, Hkv, Sk, dv] -> "
-        "output [B, H, Sq, dv], any strides; causal 0 none, 1 top-left, 2 bottom-right.");
+        "output [B, H, Sq, dv], any strides; causal 0 none, 1 top-left, 2 bottom-right; "
+        "`rotary` (interleaved, rotary_dim, theta, cos, sin) rotates query row i at Sk - Sq + i "
+        "and key j at j.");
     m.def(
         "varlen_attention",
         [](const StridedArray &query, const StridedArray &key, const StridedArray &value,
            const StridedArray &cu_seqlens_q, const StridedArray &cu_seqlens_k,
            const StridedArray &output, const std::string &dtype, std::optional<float> scale,
            int causal, int64_t window_left, int64_t window_right, float softcap,
-           const std::optional<StridedArray> &alibi_slopes,
-           const std::optional<StridedArray> &lse) {
+           const std::optional<StridedArray> &alibi_slopes, const std::optional<StridedArray> &lse,
+           const std::optional<RotaryTuple> &rotary) {
             check_int_array<int32_t>("cu_seqlens_q", cu_seqlens_q);
             check_int_array<int32_t>("cu_seqlens_k", cu_seqlens_k);
-            const mha::AttentionOptions options = attention_options(
-                std::nullopt, scale, causal, window_left, window_right, softcap, alibi_slopes, lse);
+            const mha::AttentionOptions options =
+                attention_options(std::nullopt, scale, causal, window_left, window_right, softcap,
+                                  alibi_slopes, lse, rotary);
             with_elements(dtype, {&query, &key, &value, &output}, [&](auto element) {
                 using T = decltype(element);
                 nb::gil_scoped_release released;
@@ -284,8 +289,10 @@ NB_MODULE(_mha, m) {
         nb::arg("scale").none() = nb::none(), nb::arg("causal") = 0, nb::arg("window_left") = -1,
         nb::arg("window_right") = -1, nb::arg("softcap") = 0.0f,
         nb::arg("alibi_slopes").none() = nb::none(), nb::arg("lse").none() = nb::none(),
+        nb::arg("rotary").none() = nb::none(),
         "mha::varlen_attention: query [total_q, H, d], key [total_k, Hkv, d], value [total_k, "
-        "Hkv, dv], cu_seqlens_q and cu_seqlens_k [B + 1] int32 -> output [total_q, H, dv].");
+        "Hkv, dv], cu_seqlens_q and cu_seqlens_k [B + 1] int32 -> output [total_q, H, dv]; "
+        "`rotary` rotates each sequence's rows as attention() does.");
     m.def(
         "paged_attention",
         [](const StridedArray &query, const StridedArray &key_cache,
@@ -293,11 +300,11 @@ NB_MODULE(_mha, m) {
            const StridedArray &sequence_lengths, const StridedArray &output,
            const std::string &dtype, std::optional<float> scale, int64_t window_left, float softcap,
            const std::optional<StridedArray> &alibi_slopes, const std::optional<StridedArray> &lse,
-           int num_splits) {
+           int num_splits, const std::optional<RotaryTuple> &rotary) {
             check_int_array<int32_t>("block_table", block_table);
             check_int_array<int32_t>("sequence_lengths", sequence_lengths);
-            mha::AttentionOptions options = attention_options(std::nullopt, scale, 0, window_left,
-                                                              -1, softcap, alibi_slopes, lse);
+            mha::AttentionOptions options = attention_options(
+                std::nullopt, scale, 0, window_left, -1, softcap, alibi_slopes, lse, rotary);
             options.num_splits = num_splits;
             with_elements(dtype, {&query, &key_cache, &value_cache, &output}, [&](auto element) {
                 using T = decltype(element);
@@ -313,9 +320,11 @@ NB_MODULE(_mha, m) {
         nb::arg("scale").none() = nb::none(), nb::arg("window_left") = -1,
         nb::arg("softcap") = 0.0f, nb::arg("alibi_slopes").none() = nb::none(),
         nb::arg("lse").none() = nb::none(), nb::arg("num_splits") = 0,
+        nb::arg("rotary").none() = nb::none(),
         "mha::paged_attention: query [B, 1, H, d], key_cache [blocks, block_size, Hkv, d], "
         "value_cache [blocks, block_size, Hkv, dv], block_table [B, max_blocks] int32, "
-        "sequence_lengths [B] int32 -> output [B, 1, H, dv].");
+        "sequence_lengths [B] int32 -> output [B, 1, H, dv]; `rotary` rotates the query at "
+        "sequence_lengths[b] - 1.");
     m.def(
         "rotary_embedding",
         [](const StridedArray &query, const StridedArray &key, const StridedArray &positions,

@@ -1,6 +1,6 @@
 """mha.rotary_embedding against transformers' apply_rotary_pos_emb (Llama's rotate-half, its cos
 and sin computed as LlamaRotaryEmbedding computes them) and a float64 rotation (GPT-J's
-interleaved pairs, partial rotary dims, tables)."""
+interleaved pairs, partial rotary dims, tables); the attention calls' rotary option against it."""
 import pytest
 import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -84,3 +84,78 @@ def test_compile_fullgraph(seed):
 
     q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
     torch.testing.assert_close(torch.compile(rotate, fullgraph=True)(q, k), rotate(q, k))
+
+
+def test_attention_reads_rotated_queries_and_keys_in_place(seed):
+    """scaled_dot_product_attention(rotary=...) as transformers rotates Llama's queries and keys
+    (query row i at position S - L + i, key j at j) before torch's SDPA, the tensors untouched;
+    also under torch.compile(fullgraph=True)."""
+    B, H, Hkv, L, S, d, theta = 2, 8, 2, 7, 23, 64, 500000.0
+    q, k, v = torch.randn(B, H, L, d), torch.randn(B, Hkv, S, d), torch.randn(B, Hkv, S, d)
+    cos, sin = llama_cos_sin(torch.arange(S), d, theta)
+    rotated_q, _ = apply_rotary_pos_emb(q, q, cos[S - L:][None], sin[S - L:][None])
+    _, rotated_k = apply_rotary_pos_emb(k, k, cos[None], sin[None])
+    want = torch.nn.functional.scaled_dot_product_attention(rotated_q, rotated_k, v,
+                                                            enable_gqa=True)
+    inputs = (q.clone(), k.clone())
+    rotary = mha.Rotary(theta=theta)
+    got = mha.scaled_dot_product_attention(q, k, v, enable_gqa=True, rotary=rotary)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(q, inputs[0]) and torch.equal(k, inputs[1])
+    compiled = torch.compile(lambda q, k, v: mha.scaled_dot_product_attention(
+        q, k, v, enable_gqa=True, rotary=rotary), fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), got)
+
+
+def test_varlen_rotates_each_sequence_from_its_start(seed):
+    """varlen_attention(rotary=...) equals rotary_embedding at each sequence's own positions
+    (queries at the end of their keys), then the call without it."""
+    H, Hkv, d, rotary_dim = 4, 2, 48, 16
+    query_lens, key_lens = [5, 1, 9], [12, 1, 9]
+    cu_q = torch.tensor([0, 5, 6, 15], dtype=torch.int32)
+    cu_k = torch.tensor([0, 12, 13, 22], dtype=torch.int32)
+    q, k, v = torch.randn(15, H, d), torch.randn(22, Hkv, d), torch.randn(22, Hkv, d)
+    rotary = mha.Rotary(interleaved=True, rotary_dim=rotary_dim)
+    got = mha.varlen_attention(q, k, v, cu_q, cu_k, causal=True, rotary=rotary)
+    query_positions = torch.cat([torch.arange(sk - sq, sk) for sq, sk in zip(query_lens, key_lens)])
+    key_positions = torch.cat([torch.arange(sk) for sk in key_lens])
+    rotated_q, rotated_k = q.clone(), k.clone()
+    mha.rotary_embedding(rotated_q, torch.zeros(15, 1, d), query_positions, interleaved=True,
+                         rotary_dim=rotary_dim)
+    mha.rotary_embedding(torch.zeros(22, 1, d), rotated_k, key_positions, interleaved=True,
+                         rotary_dim=rotary_dim)
+    want = mha.varlen_attention(rotated_q, rotated_k, v, cu_q, cu_k, causal=True)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_paged_attention_rotates_the_query_at_its_position(seed):
+    """paged_attention(rotary=...) reads each query rotated at cache_seqlens[b] - 1 (the cache's
+    keys as they lie), with caller-given tables."""
+    B, H, Hkv, d, block_size, blocks = 3, 4, 2, 32, 16, 8
+    key_cache = torch.randn(blocks, block_size, Hkv, d)
+    value_cache = torch.randn(blocks, block_size, Hkv, d)
+    block_table = torch.randperm(blocks, dtype=torch.int32)[:6].reshape(B, 2)
+    cache_seqlens = torch.tensor([17, 1, 30], dtype=torch.int32)
+    q = torch.randn(B, 1, H, d)
+    angles = torch.rand(40, d // 2) * 6.28
+    rotary = mha.Rotary(cos=angles.cos(), sin=angles.sin())
+    got = mha.paged_attention(q, key_cache, value_cache, block_table, cache_seqlens,
+                              rotary=rotary)
+    rotated_q = q.clone()
+    mha.rotary_embedding(rotated_q[:, 0], torch.zeros(B, 1, d), cache_seqlens.long() - 1,
+                         cos=rotary.cos, sin=rotary.sin)
+    want = mha.paged_attention(rotated_q, key_cache, value_cache, block_table, cache_seqlens)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_attention_rotary_errors(seed):
+    q = torch.randn(1, 2, 3, 8)
+    with pytest.raises(ValueError, match=r"rotary.rotary_dim is -2"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(rotary_dim=-2))
+    with pytest.raises(TypeError, match=r"rotary.cos is torch.float64"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(
+            cos=torch.ones(3, 4, dtype=torch.float64), sin=torch.zeros(3, 4)))
+    with pytest.raises(TypeError, match=r"give an mha.Rotary"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=(False, 0, 1e4, None, None))
+    with pytest.raises(mha.Error, match=r"rotary_dim"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(rotary_dim=5))

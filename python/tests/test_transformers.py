@@ -98,10 +98,10 @@ def test_causal_orders_and_windows_reach_the_kernels_without_a_mask(monkeypatch)
     calls = []
     run = mha._sdpa._run
 
-    def spy(query, key, value, attn_mask, is_causal, scale, left, right, softcap, alibi,
+    def spy(query, key, value, attn_mask, is_causal, scale, left, right, softcap, *rest,
             **options):
         calls.append((attn_mask is not None, left, right, softcap))
-        return run(query, key, value, attn_mask, is_causal, scale, left, right, softcap, alibi,
+        return run(query, key, value, attn_mask, is_causal, scale, left, right, softcap, *rest,
                    **options)
 
     monkeypatch.setattr(mha._sdpa, "_run", spy)

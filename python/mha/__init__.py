@@ -10,8 +10,9 @@
   FlashAttention's and vLLM's layout; ``mha.PagedBlockTables`` hands its blocks to sequences;
   ``mha.MultiheadAttention.decode`` steps over one too (``mha.PagedDecodeCache``).
 - ``mha.varlen_attention``: sequences packed without padding (``flash_attn_varlen_func``);
-  ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op); with an
-  ``mha.Rotary``, a module's decode steps rotate their new tokens' queries and keys.
+  ``mha.rotary_embedding`` rotates their queries and keys in place (vLLM's op); given an
+  ``mha.Rotary``, the attention calls read them rotated, and a module's decode steps rotate their
+  new tokens' queries and keys.
 """
 from ._mha import (Error, KvCache, PagedBlockTables, dispatched_isa, set_num_threads,
                    tuned_schedules)

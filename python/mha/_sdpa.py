@@ -1,6 +1,7 @@
 """mha.scaled_dot_product_attention: torch.nn.functional.scaled_dot_product_attention's signature
 and semantics on mha's attention kernels (CPU; float32, bfloat16, float16), with FlashAttention's
-extras: sliding windows, logit soft-capping, ALiBi, the log-sum-exp.
+extras: sliding windows, logit soft-capping, ALiBi, rotary embeddings, the log-sum-exp; and
+mha.Rotary, a rotation as every attention op and a module's decode steps take it.
 
 The call is the custom op ``torch.ops.mha.scaled_dot_product_attention`` with a fake
 implementation, so ``torch.compile(fullgraph=True)`` keeps it as one op and ``torch.export``
@@ -51,12 +52,13 @@ def _rotation_args(rotary: Optional[Rotary]):
     if not isinstance(rotary, Rotary):
         raise TypeError(f"rotary is {type(rotary).__name__}: give an mha.Rotary")
     for name, table in (("cos", rotary.cos), ("sin", rotary.sin)):
-        if table is not None and (not table.is_cpu or table.dtype != torch.float32):
-            raise TypeError(f"rotary.{name} is {table.dtype} on {table.device}: it must be "
-                            f"float32 on the CPU")
+        if table is not None and not table.is_cpu:
+            raise ValueError(f"rotary.{name} is on {table.device}: mha runs on the CPU")
+        if table is not None and table.dtype != torch.float32:
+            raise TypeError(f"rotary.{name} is {table.dtype}: it must be torch.float32")
     rotary_dim = 0 if rotary.rotary_dim is None else int(rotary.rotary_dim)
     if rotary_dim < 0:
-        raise ValueError(f"rotary.rotary_dim is {rotary_dim}: give the rotated features (even), "
+        raise _mha.Error(f"rotary.rotary_dim is {rotary_dim}: give the rotated features (even), "
                          f"or None for all")
     return (rotary_dim, bool(rotary.interleaved), float(rotary.theta), rotary.cos, rotary.sin)
 
@@ -197,8 +199,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     the bottom right when L != S (top left with ``is_causal``); ``softcap``, scores become
     ``softcap * tanh(score / softcap)``; ``alibi_slopes`` [Hq], scores minus ``slope * |i + S -
     L - j|``; ``rotary`` (an ``mha.Rotary``), the kernels read query row i rotated at position
-    S - L + i and key j at j (``flash_attn_with_kvcache``'s ``rotary_cos``/``rotary_sin``; the
-    tensors are left as they are); ``return_lse`` returns ``(output, lse)``, lse [..., Hq, L] the
+    S - L + i (the last L of S positions, whichever corner ``is_causal`` aligns the mask to) and
+    key j at j, the tensors left as they are; ``return_lse`` returns ``(output, lse)``, lse [..., Hq, L] the
     float32 log-sum-exp of each row's scores.
     """
     _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)

@@ -125,10 +125,13 @@ def test_compile_fullgraph_and_export(seed):
                                                                  torch.float32)
     table, lengths = torch.tensor(tables.block_table), torch.tensor(tables.sequence_lengths)
     query = torch.randn(2, 1, 4, 16)
+    angles = torch.rand(32, 8)
+    rotary = mha.Rotary(cos=angles.cos(), sin=angles.sin())
 
     def step(q, k_cache, v_cache, new_k, slots):
         mha.write_paged_cache(new_k, new_k, k_cache, v_cache, slots)
-        return mha.paged_attention(q, k_cache, v_cache, table, lengths, softcap=5.0)
+        return mha.paged_attention(q, k_cache, v_cache, table, lengths, softcap=5.0,
+                                   rotary=rotary)
 
     new_k = keys[1][-1:].clone()
     slots = torch.tensor([tables.slot(1, 29)])

@@ -86,21 +86,25 @@ def test_compile_fullgraph(seed):
     torch.testing.assert_close(torch.compile(rotate, fullgraph=True)(q, k), rotate(q, k))
 
 
-def test_attention_reads_rotated_queries_and_keys_in_place(seed):
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_attention_reads_rotated_queries_and_keys(seed, dtype, tolerance):
     """scaled_dot_product_attention(rotary=...) as transformers rotates Llama's queries and keys
-    (query row i at position S - L + i, key j at j) before torch's SDPA, the tensors untouched;
-    also under torch.compile(fullgraph=True)."""
+    (query row i at position S - L + i, key j at j) before torch's SDPA in float64, the tensors
+    untouched; also under torch.compile(fullgraph=True)."""
     B, H, Hkv, L, S, d, theta = 2, 8, 2, 7, 23, 64, 500000.0
-    q, k, v = torch.randn(B, H, L, d), torch.randn(B, Hkv, S, d), torch.randn(B, Hkv, S, d)
+    q, k, v = (torch.randn(B, H, L, d).to(dtype), torch.randn(B, Hkv, S, d).to(dtype),
+               torch.randn(B, Hkv, S, d).to(dtype))
     cos, sin = llama_cos_sin(torch.arange(S), d, theta)
-    rotated_q, _ = apply_rotary_pos_emb(q, q, cos[S - L:][None], sin[S - L:][None])
-    _, rotated_k = apply_rotary_pos_emb(k, k, cos[None], sin[None])
-    want = torch.nn.functional.scaled_dot_product_attention(rotated_q, rotated_k, v,
+    rotated_q, _ = apply_rotary_pos_emb(q.double(), q.double(), cos[S - L:][None].double(),
+                                        sin[S - L:][None].double())
+    _, rotated_k = apply_rotary_pos_emb(k.double(), k.double(), cos[None].double(),
+                                        sin[None].double())
+    want = torch.nn.functional.scaled_dot_product_attention(rotated_q, rotated_k, v.double(),
                                                             enable_gqa=True)
     inputs = (q.clone(), k.clone())
     rotary = mha.Rotary(theta=theta)
     got = mha.scaled_dot_product_attention(q, k, v, enable_gqa=True, rotary=rotary)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.dtype == dtype and relative_error(got, want) < tolerance
     assert torch.equal(q, inputs[0]) and torch.equal(k, inputs[1])
     compiled = torch.compile(lambda q, k, v: mha.scaled_dot_product_attention(
         q, k, v, enable_gqa=True, rotary=rotary), fullgraph=True)
@@ -150,11 +154,17 @@ def test_paged_attention_rotates_the_query_at_its_position(seed):
 
 def test_attention_rotary_errors(seed):
     q = torch.randn(1, 2, 3, 8)
-    with pytest.raises(ValueError, match=r"rotary.rotary_dim is -2"):
+    with pytest.raises(mha.Error, match=r"rotary.rotary_dim is -2"):
         mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(rotary_dim=-2))
     with pytest.raises(TypeError, match=r"rotary.cos is torch.float64"):
         mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(
             cos=torch.ones(3, 4, dtype=torch.float64), sin=torch.zeros(3, 4)))
+    with pytest.raises(ValueError, match=r"rotary.sin is on meta"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(
+            cos=torch.ones(3, 4), sin=torch.zeros(3, 4, device="meta")))
+    with pytest.raises(mha.Error, match=r"rotary tables of positions 0 to 1"):
+        mha.scaled_dot_product_attention(q, q, q, rotary=mha.Rotary(
+            cos=torch.ones(2, 4), sin=torch.zeros(2, 4)))
     with pytest.raises(TypeError, match=r"give an mha.Rotary"):
         mha.scaled_dot_product_attention(q, q, q, rotary=(False, 0, 1e4, None, None))
     with pytest.raises(mha.Error, match=r"rotary_dim"):

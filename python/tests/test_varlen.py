@@ -98,7 +98,8 @@ def test_compile_fullgraph_and_export(seed):
     cu = offsets([5, 15])
 
     def prefill(q, k, v):
-        return mha.varlen_attention(q, k, v, cu, cu, causal=True, softcap=20.0)
+        return mha.varlen_attention(q, k, v, cu, cu, causal=True, softcap=20.0,
+                                    rotary=mha.Rotary(interleaved=True, rotary_dim=8))
 
     torch.testing.assert_close(torch.compile(prefill, fullgraph=True)(q, k, v), prefill(q, k, v))
 

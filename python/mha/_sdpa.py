@@ -200,8 +200,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor,
     ``softcap * tanh(score / softcap)``; ``alibi_slopes`` [Hq], scores minus ``slope * |i + S -
     L - j|``; ``rotary`` (an ``mha.Rotary``), the kernels read query row i rotated at position
     S - L + i (the last L of S positions, whichever corner ``is_causal`` aligns the mask to) and
-    key j at j, the tensors left as they are; ``return_lse`` returns ``(output, lse)``, lse [..., Hq, L] the
-    float32 log-sum-exp of each row's scores.
+    key j at j, the tensors left as they are; ``return_lse`` returns ``(output, lse)``, lse
+    [..., Hq, L] the float32 log-sum-exp of each row's scores.
     """
     _check(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     window_left, window_right = _window_sides(window, is_causal)

@@ -140,10 +140,15 @@ case "$command" in
     test)
         install_debian_packages
         install_venv "$venv" "${python_requirements[@]}"
+        # The PyTorch environment downloads while the kernels compile (it needs no CPU to speak
+        # of); pip install . below waits for it.
+        install_venv "$torch_venv" "${torch_requirements[@]}" &
+        torch_venv_job=$!
         configure_and_build
         log "ctest in $build"
         "$venv/bin/ctest" --test-dir "$build" --output-on-failure -j "$(nproc)" "$@"
         cross_build arm64
+        wait "$torch_venv_job"
         # The package's tests check the binding, not the kernels (ctest ran all of them): it is
         # built with one instruction set's kernels, copied from the build just tested.
         install_python_package MHA_CPU_ISAS=avx2 "MHA_KERNELS_FROM=$build"

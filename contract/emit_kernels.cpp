@@ -330,13 +330,19 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
         for (size_t slot = 1; slot < isa_tunings.size(); slot++) {
             tuned_cpus.push_back({int(i), int(slot), isa_tunings[slot].file->cpu});
         }
-        // Forward kernels take each bucket's parameters; the decode steps' and the averaging
-        // kernels serve every size with the smallest bucket's (a step's new tokens are few); the
-        // attention kernels have their own (ScheduleParams::attention_defaults).
+        // Forward kernels take each bucket's parameters; a step's QKV projection and the
+        // averaging kernels serve every size with the smallest bucket's (a step's new tokens are
+        // few). The kernels the tuner does not time take hand-written parameters, one kernel for
+        // every tuning: the decode steps the defaults (the token bucket's, tuned for a forward
+        // pass, were no faster there: bench/RESULTS.md), the attention kernels their own
+        // (ScheduleParams::attention_defaults).
         const auto forward_groups = cell_groups(
             isa_tunings, [&](const Tuning &t, ShapeBucket b) { return t.params(isa, b); });
         const auto step_groups = cell_groups(isa_tunings, [&](const Tuning &t, ShapeBucket) {
             return t.params(isa, kShapeBuckets.front().bucket);
+        });
+        const auto decode_groups = cell_groups(isa_tunings, [&](const Tuning &, ShapeBucket) {
+            return mha::cpu::ScheduleParams::defaults(isa);
         });
         const auto attention_groups = cell_groups(isa_tunings, [&](const Tuning &, ShapeBucket) {
             return mha::cpu::ScheduleParams::attention_defaults(isa);
@@ -347,6 +353,7 @@ std::vector<KernelRow> kernel_rows(CpuArch arch, const std::vector<bool> &select
             }
             const auto &groups = v.op == KernelOp::forward     ? forward_groups
                                  : v.op == KernelOp::attention ? attention_groups
+                                 : v.op == KernelOp::decode    ? decode_groups
                                                                : step_groups;
             for (size_t g = 0; g < groups.size(); g++) {
                 const auto &[cells, params] = groups[g];

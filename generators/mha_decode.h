@@ -29,7 +29,7 @@ inline constexpr int kDecodeRowTile = 4;
 
 struct DecodeInputs {
     Halide::Func new_qkv;                     // (f, i, b): the new tokens' fused QKV projections
-    Halide::Func key_cache;                   // (j, c, kv head, b), in f32
+    Halide::Func key_cache;                   // (jj, c, key tile, kv head, b), in f32
     Halide::Func value_cache;                 // (c, j, kv head, b), in f32
     Halide::Expr kv_heads;                    // dividing the query heads
     Halide::Func cached_lengths, new_counts;  // (b)
@@ -75,7 +75,8 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     // otherwise ask for up to a split past the cache's end.
     const Expr key = unsafe_promise_clamped(v.s, 0, in.num_keys - 1);
     core.k_heads = Func("k_heads");
-    core.k_heads(v.c, v.s, v.h, v.b) = in.key_cache(key, v.c, kv_head, v.b);
+    core.k_heads(v.c, v.s, v.h, v.b) = in.key_cache(key % contract::kCacheKeyTile, v.c,
+                                                    key / contract::kCacheKeyTile, kv_head, v.b);
     core.v_heads = Func("v_heads");
     core.v_heads(v.c, v.s, v.h, v.b) = in.value_cache(v.c, key, kv_head, v.b);
     core.head_dim = d;
@@ -85,11 +86,12 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     // A row sees its split's keys up to its own position, or the step's last token (padding).
     const Expr cached = in.cached_lengths(v.b);
     core.first_visible = Func("first_visible");
-    core.first_visible(v.i, v.h, v.b) = split * in.split_keys;
+    // A multiple of the key tile, as the simplifier then sees: a tile's keys are one vector.
+    const Expr split_keys = in.split_keys / contract::kCacheKeyTile * contract::kCacheKeyTile;
+    core.first_visible(v.i, v.h, v.b) = split * split_keys;
     core.visible_keys = Func("visible_keys");
-    core.visible_keys(v.i, v.h, v.b) =
-        clamp(min(cached + min(token + 1, in.new_counts(v.b)), (split + 1) * in.split_keys), 0,
-              in.num_keys);
+    core.visible_keys(v.i, v.h, v.b) = clamp(
+        min(cached + min(token + 1, in.new_counts(v.b)), (split + 1) * split_keys), 0, in.num_keys);
     core.masks.key_block = in.key_block;
     core.query_block = kDecodeRowTile;
     if (in.cache_mask.defined()) {

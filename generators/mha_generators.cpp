@@ -355,7 +355,7 @@ public:
         in.out_bias = args_.input(ArgId::out_bias);
         in.head_dim = args_.scalar(ArgId::head_dim);
         in.kv_heads = args_.scalar(ArgId::kv_heads);
-        in.num_keys = key_cache.dim(0).extent();
+        in.num_keys = key_cache.dim(2).extent() * mha::contract::kCacheKeyTile;
         in.new_tokens = new_qkv.dim(1).extent();
         in.batch = new_qkv.dim(2).extent();
         // The output projection's input features: E (the cache holds kv_heads heads, fewer).

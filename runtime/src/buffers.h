@@ -25,10 +25,11 @@ HALIDE_ALWAYS_INLINE constexpr halide_type_t halide_type_of<mha::float16>() {
 
 namespace mha::detail {
 
-using HostBuffer = Halide::Runtime::Buffer<void>;
-
-// Buffers have at most this many dimensions.
+// Tensors have at most kMaxRank dimensions; the buffers the kernels take one more (the decode
+// kernels' key cache, in tiles), held inside the buffer object, which then allocates nothing.
 inline constexpr int kMaxRank = 4;
+inline constexpr int kMaxKernelRank = 5;
+using HostBuffer = Halide::Runtime::Buffer<void, Halide::Runtime::AnyDims, kMaxKernelRank>;
 
 // Over `data` of `type`, with `rank` extents and strides (in elements) outermost first, as
 // PyTorch lists them; Halide lists dimensions innermost first.

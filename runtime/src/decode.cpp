@@ -22,9 +22,11 @@
 namespace mha {
 namespace detail {
 
-// A cache's memory: keys (j, c, h, b), so that a new token's scores read keys contiguously,
-// values (c, j, h, b); each row's keys padded to a whole number of kCacheKeyTile, each key's
-// values to one of kCacheValueFeatures; elements of `dtype`; the rotation of its steps, if any.
+// A cache's memory: keys in tiles of kCacheKeyTile, each tile's features one after another with
+// its keys innermost (jj, c, tile, h, b), so that a new token's scores read keys contiguously and
+// a tile is one run of memory; values (c, j, h, b); each row's keys padded to a whole number of
+// tiles, each key's values to one of kCacheValueFeatures; elements of `dtype`; the rotation of
+// its steps, if any.
 struct KvCacheStorage {
     KvCacheStorage(std::shared_ptr<const PackedWeights> module, int64_t batch, int64_t capacity,
                    int64_t heads, int64_t head_dim, DType dtype,
@@ -82,14 +84,15 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
     T *keys = reinterpret_cast<T *>(c.keys.data());
     T *values = reinterpret_cast<T *>(c.values.data());
     const int64_t H = c.heads, d = c.head_dim, dv = c.value_features, cap = c.padded_capacity;
+    constexpr int64_t kTile = contract::kCacheKeyTile;
     for (int64_t b = 0; b < c.batch; b++) {
         for (int64_t t = 0; t < c.new_counts[b]; t++) {
             const float *row = qkv_rows + (b * n + t) * width;
             const int64_t j = c.lengths[b] + t;
             for (int64_t h = 0; h < H; h++) {
+                T *tile = keys + ((b * H + h) * cap + j / kTile * kTile) * d + j % kTile;
                 for (int64_t f = 0; f < d; f++) {
-                    convert(row + key_offset + h * d + f, &keys[((b * H + h) * d + f) * cap + j],
-                            1);
+                    convert(row + key_offset + h * d + f, tile + f * kTile, 1);
                 }
                 convert(row + value_offset + h * d, &values[((b * H + h) * cap + j) * dv], d);
             }
@@ -235,7 +238,8 @@ KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity, std::opt
     const int64_t padded_capacity = capacity > kMaxBufferBytes
                                         ? capacity
                                         : contract::round_up(capacity, contract::kCacheKeyTile);
-    // Its values, the larger buffer (keys [batch, kv_heads, head_dim, padded capacity]).
+    // Its values, the larger buffer (keys [batch, kv_heads, padded capacity / kCacheKeyTile,
+    // head_dim, kCacheKeyTile]).
     detail::check_kernel_buffer(
         {batch, num_kv_heads(), padded_capacity,
          contract::round_up(head_dim(), contract::kCacheValueFeatures)},
@@ -390,8 +394,10 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     const int64_t keys = std::max<int64_t>(contract::kCacheKeyTile,
                                            contract::round_up(longest, contract::kCacheKeyTile));
     const halide_type_t element = contract::halide_type(contract::element_type(c.dtype));
-    detail::HostBuffer key_cache = detail::view_buffer(c.keys.data(), element, {B, H, d, keys},
-                                                       {H * d * cap, d * cap, cap, 1});
+    constexpr int64_t kTile = contract::kCacheKeyTile;
+    detail::HostBuffer key_cache =
+        detail::view_buffer(c.keys.data(), element, {B, H, keys / kTile, d, kTile},
+                            {H * d * cap, d * cap, d * kTile, kTile, 1});
     const int64_t dv = c.value_features;
     detail::HostBuffer value_cache = detail::view_buffer(c.values.data(), element, {B, H, keys, dv},
                                                          {H * cap * dv, cap * dv, dv, 1});

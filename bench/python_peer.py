@@ -24,13 +24,14 @@ def measure(dims, with_weights, threads, min_time_s=0.3):
         return median_ms(forward, min_time_s)
 
 
-def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32):
+def measure_decode(batch, cached, E, H, threads, min_time_s=0.3, dtype=torch.float32,
+                   cache_dtype=None):
     """Median milliseconds of one decode step (one new token per row) over `cached` tokens, the
-    module, its tokens and its cache in `dtype`."""
+    module and its tokens in `dtype`, its cache in `cache_dtype` (None: `dtype`)."""
     mha.set_num_threads(threads)
     torch.manual_seed(0)
     module = mha.MultiheadAttention(E, H, batch_first=True).eval().to(dtype)
-    cache = module.make_cache(batch, cached + 1)
+    cache = module.make_cache(batch, cached + 1, dtype=cache_dtype)
     with torch.inference_mode():
         module.decode((torch.rand(batch, cached, E) * 2 - 1).to(dtype), cache)
         token = (torch.rand(batch, 1, E) * 2 - 1).to(dtype)

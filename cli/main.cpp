@@ -33,7 +33,7 @@ struct Options {
     std::string key_padding_mask = "none", attn_mask = "none";  // none, bool or float
     mha::Causal causal = mha::Causal::none;
     mha::DType dtype = mha::DType::f32;
-    std::optional<mha::DType> cache_dtype;  // --decode's; the module's when not given
+    std::optional<mha::CacheDType> cache_dtype;  // --decode's; the module's when not given
     mha::Device device = mha::Device::cpu;
     bool return_weights = true;
     bool average_weights = false;
@@ -155,9 +155,13 @@ std::optional<Options> parse(int argc, char **argv, int &exit_code) {
     app.add_flag("--decode", o.decode,
                  "time a decode step instead: one new token per batch row against a KV cache "
                  "already holding --key-len tokens");
+    std::map<std::string, mha::CacheDType> cache_dtypes;
+    for (mha::CacheDType t : mha::contract::kCacheDTypes) {
+        cache_dtypes.emplace(mha::contract::cache_dtype_name(t), t);
+    }
     app.add_option("--cache-dtype", o.cache_dtype,
-                   "f32 | bf16 | f16: what --decode's KV cache stores (default: --dtype)")
-        ->transform(CLI::CheckedTransformer(dtypes))
+                   "f32 | bf16 | f16 | int8: what --decode's KV cache stores (default: --dtype)")
+        ->transform(CLI::CheckedTransformer(cache_dtypes))
         ->type_name("DTYPE");
     if (const auto code = mha::tools::parse_command_line(app, argc, argv)) {
         exit_code = *code;
@@ -418,7 +422,7 @@ int run_decode(const Options &o) {
     fmt::print(
         "mha: decode step, batch {}, 1 new token per row over {} cached, embed_dim {}, "
         "{} heads of {}, {} cache\n",
-        B, N, E, H, hd, mha::contract::dtype_name(cache.dtype()));
+        B, N, E, H, hd, mha::contract::cache_dtype_name(cache.dtype()));
     fmt::print("dimension flow:\n     {:<22} {}\n", "new tokens", shape({B, 1, E}));
     const auto line = [](const char *stage, const std::string &s) {
         fmt::print("  -> {:<22} {}\n", stage, s);

@@ -98,8 +98,10 @@ std::string kernel_name(const std::string &where, const std::string &served,
     }
     name += "_" + std::string(mask_kind_name(v.mask)) + "_mask";
     if (v.op == KernelOp::decode) {
-        return name + dtype_suffix(v.dtype) + (v.cache == mha::DType::f32 ? "" : "_cache") +
-               dtype_suffix(v.cache);
+        return name + dtype_suffix(v.dtype) +
+               (v.cache == mha::CacheDType::f32
+                    ? ""
+                    : "_cache_" + std::string(cache_dtype_name(v.cache)));
     }
     if (v.op == KernelOp::attention) {
         return name + (v.causal ? "_window" : "") + (v.modified_scores ? "_softcap_alibi" : "") +
@@ -125,7 +127,7 @@ std::string generator_params(const KernelVariant &v, const std::string &schedule
         params += " dtype=" + std::string(dtype_name(v.dtype));
     }
     if (v.op == KernelOp::decode) {
-        params += " cache=" + std::string(dtype_name(v.cache));
+        params += " cache=" + std::string(cache_dtype_name(v.cache));
     }
     if (v.op == KernelOp::attention) {
         params += " window=" + bool_name(v.causal) +
@@ -433,7 +435,8 @@ std::string variant_initializer(const KernelVariant &v) {
            bool_name(v.returns_weights) + ", " + bool_name(v.fused_qkv) + ", " +
            bool_name(v.causal) + ", DType::" + std::string(dtype_name(v.dtype)) + ", " +
            bool_name(v.modified_scores) + ", " + bool_name(v.single_query) +
-           ", DType::" + std::string(dtype_name(v.cache)) + ", " + bool_name(v.paged) + "}";
+           ", CacheDType::" + std::string(cache_dtype_name(v.cache)) + ", " + bool_name(v.paged) +
+           "}";
 }
 
 // The table of `device`'s kernels; on the CPU, with `sanitized_only`, of the SANITIZED ones (the

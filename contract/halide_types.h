@@ -19,6 +19,8 @@ constexpr halide_type_t halide_type(ElementType type) {
         return halide_type_t(halide_type_uint, 16);
     case ElementType::u8:
         return halide_type_t(halide_type_uint, 8);
+    case ElementType::i8:
+        return halide_type_t(halide_type_int, 8);
     case ElementType::i32:
         return halide_type_t(halide_type_int, 32);
     }

@@ -22,8 +22,8 @@ enum class ArgKind { input_buffer, input_scalar, output_buffer };
 // f16: a decode step's weights and cache only. u16: the bits of a bf16 or an f16 (the variant's
 // dtype), which a GPU kernel widens to f32 exactly as it reads them. Halide's OpenCL kernels refuse
 // 16-bit float types on devices without cl_khr_fp16 (PoCL has none), so its CUDA and OpenCL kernels
-// read bits alike.
-enum class ElementType { f32, bf16, f16, u16, u8, i32 };
+// read bits alike. i8: an int8 KV cache's keys and values.
+enum class ElementType { f32, bf16, f16, u16, u8, i8, i32 };
 
 // Every argument any kernel takes. Halide lists dimensions innermost first, so a PyTorch tensor
 // [B, S, E] is the buffer (e, s, b).
@@ -51,6 +51,8 @@ enum class ArgId {
     new_qkv,
     key_cache,
     value_cache,
+    key_scales,
+    value_scales,
     cached_lengths,
     new_counts,
     split_keys,
@@ -119,6 +121,10 @@ inline constexpr std::array<ArgSpec, kArgCount> kArgs = {{
      "(jj, c, tile, h, b): tiles of kCacheKeyTile keys, each contiguous, its keys innermost"},
     {ArgId::value_cache, "value_cache", ArgKind::input_buffer, ElementType::f32, 4,
      "(c, j, h, b): features innermost, padded to kCacheValueFeatures"},
+    {ArgId::key_scales, "key_scales", ArgKind::input_buffer, ElementType::f32, 3,
+     "(j, h, b): an int8 cache's, key j of head h is key_cache times it"},
+    {ArgId::value_scales, "value_scales", ArgKind::input_buffer, ElementType::f32, 3,
+     "(j, h, b): an int8 cache's, value j of head h is value_cache times it"},
     {ArgId::cached_lengths, "cached_lengths", ArgKind::input_buffer, ElementType::i32, 1,
      "(b): tokens cached before this step"},
     {ArgId::new_counts, "new_counts", ArgKind::input_buffer, ElementType::i32, 1,
@@ -175,6 +181,12 @@ constexpr ElementType element_type(DType dtype) {
     return dtype == DType::f32    ? ElementType::f32
            : dtype == DType::bf16 ? ElementType::bf16
                                   : ElementType::f16;
+}
+constexpr ElementType element_type(CacheDType dtype) {
+    return dtype == CacheDType::int8   ? ElementType::i8
+           : dtype == CacheDType::f32  ? ElementType::f32
+           : dtype == CacheDType::bf16 ? ElementType::bf16
+                                       : ElementType::f16;
 }
 constexpr ElementType arg_type(ArgId id, const KernelVariant &v, Device device) {
     if (v.op == KernelOp::qkv_projection || v.op == KernelOp::decode) {
@@ -270,11 +282,13 @@ constexpr ArgList kernel_arguments(const KernelVariant &v) {
         return list;
     }
     if (v.op == KernelOp::decode) {
-        for (ArgId id : {ArgId::new_qkv, ArgId::head_dim, ArgId::kv_heads, ArgId::key_cache,
-                         ArgId::value_cache, ArgId::cached_lengths, ArgId::new_counts,
-                         ArgId::split_keys, ArgId::out_weight, ArgId::out_bias}) {
-            list.push(id);
+        list.push({ArgId::new_qkv, ArgId::head_dim, ArgId::kv_heads, ArgId::key_cache,
+                   ArgId::value_cache});
+        if (v.cache == CacheDType::int8) {
+            list.push({ArgId::key_scales, ArgId::value_scales});
         }
+        list.push({ArgId::cached_lengths, ArgId::new_counts, ArgId::split_keys, ArgId::out_weight,
+                   ArgId::out_bias});
         if (v.mask == MaskKind::bytes) {
             list.push(ArgId::cache_mask);
             list.push(ArgId::mask_blocks_nonzero);

@@ -70,6 +70,30 @@ constexpr std::optional<DType> dtype_named(std::string_view name) {
     return std::nullopt;
 }
 
+// What a KV cache stores (CacheDType): a DType, or int8 with its scales.
+constexpr CacheDType cache_dtype(DType dtype) {
+    return dtype == DType::f32    ? CacheDType::f32
+           : dtype == DType::bf16 ? CacheDType::bf16
+                                  : CacheDType::f16;
+}
+constexpr std::string_view cache_dtype_name(CacheDType dtype) {
+    return dtype == CacheDType::int8   ? "int8"
+           : dtype == CacheDType::f32  ? "f32"
+           : dtype == CacheDType::bf16 ? "bf16"
+                                       : "f16";
+}
+inline constexpr std::array kCacheDTypes = {CacheDType::f32, CacheDType::bf16, CacheDType::f16,
+                                            CacheDType::int8};
+
+constexpr std::optional<CacheDType> cache_dtype_named(std::string_view name) {
+    for (CacheDType dtype : kCacheDTypes) {
+        if (cache_dtype_name(dtype) == name) {
+            return dtype;
+        }
+    }
+    return std::nullopt;
+}
+
 // --- CPU instruction sets ----------------------------------------------------------------
 
 // The CPU architectures kernels are built for: a build compiles those of one (its compiler's).
@@ -332,8 +356,9 @@ struct KernelVariant {
     // Attention kernels: one query row per head (a decode step's), K and V read where they lie;
     // a copy of them into the layout that tiles of many rows want would cost more than the step.
     bool single_query = false;
-    // Decode kernels: the element type of the KV cache, widened as it is read.
-    DType cache = DType::f32;
+    // Decode kernels: the element type of the KV cache, widened as it is read (int8: then
+    // scaled, each score by its key's scale and each weight by its value's).
+    CacheDType cache = CacheDType::f32;
     // Attention kernels: K and V in a paged cache (FlashAttention's and vLLM's block tables), one
     // query row per head at the end of each sequence, in a window, with modified scores; Q, K
     // and V of `dtype`, widened as they are read.
@@ -379,12 +404,12 @@ struct KernelVariant {
 // dtype (bf16 for the CPU's bf16 instruction sets and GPUs, f16 for GPUs). A decode step (causal
 // within its new tokens by definition): one fused QKV projection, and an attention with a byte
 // key-padding mask over the cache or none, in each dtype of the weights, over a cache of the
-// weights' dtype or f32 (f32 weights: of each dtype). The weights averaged over heads. The
+// weights' dtype, f32 or int8 (f32 weights: of each dtype). The weights averaged over heads. The
 // attention core: every mask kind x within a window or not x modified scores or not x one query row
 // or any, in f32 and in bf16 (AMX's tile products or AVX512_BF16's dot products, reading 16-bit
 // Q, K and V in place); over a paged cache, in each dtype.
-inline constexpr std::array<KernelVariant, 141> kKernelVariants = [] {
-    std::array<KernelVariant, 141> all{};
+inline constexpr std::array<KernelVariant, 147> kKernelVariants = [] {
+    std::array<KernelVariant, 147> all{};
     size_t n = 0;
     for (DType dtype : kDTypes) {
         for (MaskKind mask : kMaskKinds) {
@@ -399,8 +424,9 @@ inline constexpr std::array<KernelVariant, 141> kKernelVariants = [] {
     }
     for (DType weights : kDTypes) {
         all[n++] = {KernelOp::qkv_projection, MaskKind::none, false, true, false, weights};
-        for (DType cache : kDTypes) {
-            if (weights == DType::f32 || cache == weights || cache == DType::f32) {
+        for (CacheDType cache : kCacheDTypes) {
+            if (weights == DType::f32 || cache == cache_dtype(weights) ||
+                cache == CacheDType::f32 || cache == CacheDType::int8) {
                 for (MaskKind mask : {MaskKind::none, MaskKind::bytes}) {
                     all[n++] = {KernelOp::decode, mask,  false, true, false,
                                 weights,          false, false, cache};
@@ -436,7 +462,7 @@ inline constexpr std::array<KernelVariant, 141> kKernelVariants = [] {
                     dtype,
                     true,
                     true,
-                    DType::f32,
+                    CacheDType::f32,
                     true};
     }
     return all;

@@ -17,6 +17,10 @@ struct CoreInputs {
     Halide::Expr value_dim;           // of V's heads; undefined: head_dim
     Halide::Expr kv_heads, kv_group;  // query head h reads key/value head h / kv_group
     Halide::Expr scale;               // of q·kᵀ; undefined: 1 / sqrt(head_dim)
+    // An int8 cache's per-key scales (j, key/value head, b), or undefined: each score is
+    // multiplied by its key's after the dot product, each weight by its value's before
+    // weights·V, so that no key or value element is ever scaled (not with recompute_scores).
+    Halide::Func key_scales, value_scales;
     // The masks, the visible keys and the scores' modifications (ScoreMasks); a causal order, a
     // window or a task's share of the keys is given by first_visible and visible_keys as
     // functions of (query, head, batch row) (undefined: every key), key_block and query_block
@@ -57,6 +61,12 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
                       ? paired_scaled_scores(v, in.q_heads, in.k_heads, d, group, in.scale)
                       : scaled_scores(v, in.q_heads, in.k_heads, d, "", group, in.scale);
     ScoreSources sources{core.scores.result, core.scores.result, core.scores.result};
+    if (in.key_scales.defined()) {
+        Func scaled("scores_times_key_scales");
+        scaled(v.j, v.i, v.h, v.b) =
+            core.scores.result(v.j, v.i, v.h, v.b) * in.key_scales(v.j, kv_head_of(v, group), v.b);
+        sources = {scaled, scaled, scaled};
+    }
     if (in.recompute_scores) {
         core.stat_scores = {
             scaled_scores(v, in.q_heads, in.k_heads, d, "_for_max", group, in.scale),
@@ -91,6 +101,12 @@ inline CoreStages define_attention_core(const StageVars &v, const CoreInputs &in
             read = Halide::select(v.j >= first, read, 0.0f);
         }
         weights(v.j, v.i, v.h, v.b) = read;
+    }
+    if (in.value_scales.defined()) {
+        Func scaled("weights_times_value_scales");
+        scaled(v.j, v.i, v.h, v.b) =
+            weights(v.j, v.i, v.h, v.b) * in.value_scales(v.j, kv_head_of(v, group), v.b);
+        weights = scaled;
     }
     core.weights_for_values = weights;
     core.context =

@@ -31,6 +31,7 @@ struct DecodeInputs {
     Halide::Func new_qkv;                     // (f, i, b): the new tokens' fused QKV projections
     Halide::Func key_cache;                   // (jj, c, key tile, kv head, b), in f32
     Halide::Func value_cache;                 // (c, j, kv head, b), in f32
+    Halide::Func key_scales, value_scales;    // (j, kv head, b): an int8 cache's, or undefined
     Halide::Expr kv_heads;                    // dividing the query heads
     Halide::Func cached_lengths, new_counts;  // (b)
     Halide::Expr split_keys;                  // a multiple of key_block
@@ -79,6 +80,13 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
                                                     key / contract::kCacheKeyTile, kv_head, v.b);
     core.v_heads = Func("v_heads");
     core.v_heads(v.c, v.s, v.h, v.b) = in.value_cache(v.c, key, kv_head, v.b);
+    const Expr any_key = unsafe_promise_clamped(v.j, 0, in.num_keys - 1);
+    if (in.key_scales.defined()) {
+        core.key_scales = Func("task_key_scales");
+        core.key_scales(v.j, v.h, v.b) = in.key_scales(any_key, kv_head, v.b);
+        core.value_scales = Func("task_value_scales");
+        core.value_scales(v.j, v.h, v.b) = in.value_scales(any_key, kv_head, v.b);
+    }
     core.head_dim = d;
     core.query_len = f.rows;
     core.num_keys = in.num_keys;
@@ -96,8 +104,7 @@ inline DecodeStages define_decode(const DecodeInputs &in) {
     core.query_block = kDecodeRowTile;
     if (in.cache_mask.defined()) {
         core.masks.blocking = Func("cache_mask_rows");
-        core.masks.blocking(v.j, v.i, v.h, v.b) =
-            in.cache_mask(unsafe_promise_clamped(v.j, 0, in.num_keys - 1), v.b);
+        core.masks.blocking(v.j, v.i, v.h, v.b) = in.cache_mask(any_key, v.b);
         core.masks.blocks_nonzero = in.mask_blocks_nonzero;
     }
     f.core = define_attention_core(v, core);

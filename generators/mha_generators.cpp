@@ -94,6 +94,15 @@ std::map<std::string, mha::DType> dtypes_by_name() {
     return names;
 }
 
+// The contract's KV cache dtypes by name, for the decode generator's `cache` param.
+std::map<std::string, mha::CacheDType> cache_dtypes_by_name() {
+    std::map<std::string, mha::CacheDType> names;
+    for (mha::CacheDType dtype : mha::contract::kCacheDTypes) {
+        names.emplace(mha::contract::cache_dtype_name(dtype), dtype);
+    }
+    return names;
+}
+
 class MultiHeadAttentionForward : public Generator<MultiHeadAttentionForward> {
 public:
     GeneratorParam<mha::contract::MaskKind> mask_kind{"mask_kind", mha::contract::MaskKind::none,
@@ -322,7 +331,7 @@ public:
                                                       mask_kinds_by_name()};
     // Of the output projection's panels and of the KV cache, widened to f32 as they are read.
     GeneratorParam<mha::DType> dtype{"dtype", mha::DType::f32, dtypes_by_name()};
-    GeneratorParam<mha::DType> cache{"cache", mha::DType::f32, dtypes_by_name()};
+    GeneratorParam<mha::CacheDType> cache{"cache", mha::CacheDType::f32, cache_dtypes_by_name()};
     GeneratorParam<std::string> schedule_params{"schedule", ""};
 
     void configure() {
@@ -346,6 +355,10 @@ public:
         in.new_counts = args_.input(ArgId::new_counts);
         in.split_keys = args_.scalar(ArgId::split_keys);
         in.key_block = get_target().natural_vector_size<float>();
+        if (cache == mha::CacheDType::int8) {
+            in.key_scales = args_.input(ArgId::key_scales);
+            in.value_scales = args_.input(ArgId::value_scales);
+        }
         if (mask_kind == mha::contract::MaskKind::bytes) {
             in.cache_mask = args_.input(ArgId::cache_mask);
             in.mask_blocks_nonzero = args_.scalar(ArgId::mask_blocks_nonzero);
@@ -452,7 +465,7 @@ public:
                 dtype,
                 modified_scores,
                 single_query,
-                mha::DType::f32,
+                mha::CacheDType::f32,
                 paged};
     }
     void configure() { args_.declare(*this, variant(), get_target()); }

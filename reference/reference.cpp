@@ -90,6 +90,28 @@ std::vector<uint16_t> bits_of(const std::vector<float> &x, DType dtype) {
     return bits;
 }
 
+namespace {
+
+// Each run of `group` values of x quantized to int8 with its own scale (the run's largest |x|
+// mapping to 127, rounded to the nearest, ties to even) and scaled back.
+std::vector<double> quantized_int8(const std::vector<float> &x, int64_t group) {
+    std::vector<double> out(x.size());
+    for (size_t start = 0; start < x.size(); start += size_t(group)) {
+        float largest = 0;
+        for (int64_t i = 0; i < group; i++) {
+            largest = std::max(largest, std::abs(x[start + i]));
+        }
+        const double scale = double(largest / 127);
+        for (int64_t i = 0; i < group; i++) {
+            const double q = largest > 0 ? std::nearbyint(double(x[start + i]) * 127 / largest) : 0;
+            out[start + i] = q * scale;
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
 int64_t out_features(const Problem &p, int l) {
     return l == 1 || l == 2 ? p.kv_heads * p.dims.head_dim() : p.dims.embed_dim;
 }
@@ -333,9 +355,18 @@ Result forward(const Problem &given) {
         maybe_rotated(linear(to_double(p.query), B * Sq, E, p.weight[0], p.bias[0]), Sq, H);
     // The projected keys and values as the cache holds them: rounded to f32, then to kv_dtype.
     const auto as_cached = [&](const std::vector<double> &x) {
-        return p.kv_dtype == DType::f32
-                   ? x
-                   : to_double(rounded(std::vector<float>(x.begin(), x.end()), p.kv_dtype));
+        const std::vector<float> f32(x.begin(), x.end());
+        switch (p.kv_dtype) {
+        case CacheDType::f32:
+            return x;
+        case CacheDType::int8:
+            return quantized_int8(f32, d);
+        case CacheDType::bf16:
+            return to_double(rounded(f32, DType::bf16));
+        case CacheDType::f16:
+            return to_double(rounded(f32, DType::f16));
+        }
+        return x;
     };
     const auto k = as_cached(
         maybe_rotated(linear(to_double(p.key), B * Sk, p.in_features[1], p.weight[1], p.bias[1]),
@@ -372,7 +403,7 @@ Result forward(const Problem &given) {
 
 std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
                                    int64_t count, const std::vector<bool> &hidden,
-                                   DType cache_dtype) {
+                                   CacheDType cache_dtype) {
     const int64_t E = module.dims.embed_dim, T = int64_t(sequence.size()) / E;
     Problem p = module;
     p.dims = {1, T, T, E, module.dims.num_heads};

@@ -56,8 +56,9 @@ struct Problem {
     // The library runs the problem in `dtype`: a module of that dtype, its tensors of that type
     // (the output f32); the reference reads the inputs, weights and biases rounded to it.
     DType dtype = DType::f32;
-    // The projected keys and values rounded to it, as a decode step's cache of it holds them.
-    DType kv_dtype = DType::f32;
+    // The projected keys and values rounded to it, as a decode step's cache of it holds them
+    // (int8: each token's head quantized with its own scale, then scaled back).
+    CacheDType kv_dtype = CacheDType::f32;
     // The projected queries and keys rotated, query i at position i and key j at j (before the
     // keys are rounded to kv_dtype), as a decode step with a rotary cache rotates them.
     std::optional<Rotary> rotary;
@@ -123,7 +124,7 @@ Result forward(const Problem &p);
 // `hidden[j]` (empty: none hidden), keys and values rounded to `cache_dtype`. [count, E].
 std::vector<double> decode_outputs(const Problem &module, const std::vector<float> &sequence,
                                    int64_t count, const std::vector<bool> &hidden = {},
-                                   DType cache_dtype = DType::f32);
+                                   CacheDType cache_dtype = CacheDType::f32);
 
 std::vector<double> to_double(const std::vector<float> &x);
 

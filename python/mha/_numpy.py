@@ -85,7 +85,8 @@ class Attention:
 
     def make_cache(self, batch: int, capacity: int, dtype: str | None = None) -> _mha.KvCache:
         """A KV cache for `batch` rows of up to `capacity` tokens (self-attention, kdim = E),
-        its keys and values in `dtype` ("f32", "bf16" or "f16"; the module's by default)."""
+        its keys and values in `dtype` ("f32", "bf16", "f16" or "int8"; the module's by
+        default)."""
         return self.native.make_cache(batch, capacity, dtype)
 
     def decode(self, tokens, cache: _mha.KvCache, key_padding_mask=None, new_tokens=()):

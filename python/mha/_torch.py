@@ -39,6 +39,7 @@ def _fingerprint(tensor: Optional[Tensor]):
 
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_CACHE_DTYPES = {**_DTYPES, torch.int8: "int8"}
 
 
 def _array(tensor: Tensor):
@@ -308,14 +309,15 @@ class MultiheadAttention(torch.nn.Module):
     def make_cache(self, batch: int, capacity: int, dtype: Optional[torch.dtype] = None,
                    rotary: Optional[Rotary] = None) -> _mha.KvCache:
         """A KV cache for decode(): `batch` rows of up to `capacity` tokens (kdim = vdim = E),
-        its keys and values stored in `dtype` (float32, bfloat16 or float16; the module's
-        parameters' by default), rounded to it once as they are appended. With ``rotary`` (an
+        its keys and values stored in `dtype` (float32, bfloat16, float16, or int8 with one scale
+        per token and head; the module's parameters' by default), rounded to it once as they are
+        appended. With ``rotary`` (an
         ``mha.Rotary``), each step rotates its new tokens' queries and keys at their positions
         (the row's cached tokens count from 0) before their keys are stored, as an LLM's
         attention does; the cache copies its tables."""
-        if dtype is not None and dtype not in _DTYPES:
-            raise TypeError(f"a cache of {dtype}: it holds float32, bfloat16 or float16")
-        name = _DTYPES[dtype or self.out_proj.weight.dtype]
+        if dtype is not None and dtype not in _CACHE_DTYPES:
+            raise TypeError(f"a cache of {dtype}: it holds float32, bfloat16, float16 or int8")
+        name = _CACHE_DTYPES[dtype or self.out_proj.weight.dtype]
         return _native(self._module_id, self.num_heads, self._weights()).make_cache(
             batch, capacity, name, rotary_args(rotary))
 

@@ -69,6 +69,13 @@ mha::DType dtype_named(const std::string &name) {
     throw nb::type_error(("dtype " + name + " is none of f32, bf16, f16").c_str());
 }
 
+mha::CacheDType cache_dtype_named(const std::string &name) {
+    if (const std::optional<mha::CacheDType> dtype = mha::contract::cache_dtype_named(name)) {
+        return *dtype;
+    }
+    throw nb::type_error(("cache dtype " + name + " is none of f32, bf16, f16, int8").c_str());
+}
+
 // Calls f(element) with the 16-bit element type `dtype` names.
 template <typename F>
 void with_16_bits(const std::string &dtype, F f) {
@@ -406,9 +413,9 @@ NB_MODULE(_mha, m) {
         .def_prop_ro(
             "dtype",
             [](const mha::KvCache &self) {
-                return std::string(mha::contract::dtype_name(self.dtype()));
+                return std::string(mha::contract::cache_dtype_name(self.dtype()));
             },
-            "What the keys and values are stored in: f32, bf16 or f16.")
+            "What the keys and values are stored in: f32, bf16, f16 or int8.")
         .def_prop_ro("lengths", &mha::KvCache::lengths, "Tokens cached in each batch row.")
         .def_prop_ro("rotary", &mha::KvCache::rotary,
                      "Whether its steps rotate their new queries and keys (make_cache's rotary).")
@@ -484,14 +491,16 @@ NB_MODULE(_mha, m) {
             "make_cache",
             [](const mha::MultiHeadAttention &self, int64_t batch, int64_t capacity,
                const std::optional<std::string> &dtype, const std::optional<RotaryTuple> &rotary) {
-                return self.make_cache(batch, capacity,
-                                       dtype ? std::optional(dtype_named(*dtype)) : std::nullopt,
-                                       optional_rotary(rotary));
+                return self.make_cache(
+                    batch, capacity,
+                    dtype ? std::optional(cache_dtype_named(*dtype)) : std::nullopt,
+                    optional_rotary(rotary));
             },
             nb::arg("batch"), nb::arg("capacity"), nb::arg("dtype").none() = nb::none(),
             nb::arg("rotary").none() = nb::none(),
             "A cache of `batch` rows of up to `capacity` tokens, its keys and values in `dtype` "
-            "(f32, bf16, f16; the module's by default); with `rotary` (interleaved, rotary_dim, "
+            "(f32, bf16, f16, int8; the module's by default); with `rotary` (interleaved, "
+            "rotary_dim, "
             "theta, cos, sin), its steps rotate their new queries and keys.")
         .def(
             "decode",

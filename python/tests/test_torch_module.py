@@ -261,8 +261,25 @@ def test_decode_with_a_sixteen_bit_cache(seed, cache_dtype):
         unrounded, _ = module(tokens, tokens, tokens, is_causal=True, need_weights=False)
     assert ((outputs - want).norm() / want.norm()).item() < 1e-5
     assert ((outputs - unrounded).norm() / unrounded.norm()).item() > 1e-4
-    with pytest.raises(TypeError, match="it holds float32, bfloat16 or float16"):
-        module.make_cache(2, 9, dtype=torch.int8)
+    with pytest.raises(TypeError, match="it holds float32, bfloat16, float16 or int8"):
+        module.make_cache(2, 9, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("module_dtype", [torch.float32, torch.bfloat16])
+def test_decode_with_an_int8_cache(seed, module_dtype):
+    """An int8 cache holds each token's key and value heads quantized, one scale each: the steps'
+    outputs stay within 2e-2 (relative L2) of the module's causal forward pass."""
+    module = mha.MultiheadAttention(64, 4, batch_first=True).to(module_dtype).eval()
+    tokens = torch.randn(2, 40, 64).to(module_dtype)
+    cache = module.make_cache(2, 40, dtype=torch.int8)
+    assert cache.dtype == "int8"
+    outputs = torch.cat([module.decode(tokens[:, :37], cache),
+                         *(module.decode(tokens[:, i:i + 1], cache) for i in range(37, 40))], 1)
+    with torch.no_grad():
+        want, _ = module(tokens, tokens, tokens, is_causal=True, need_weights=False)
+    assert outputs.dtype == module_dtype
+    error = ((outputs.float() - want.float()).norm() / want.float().norm()).item()
+    assert 1e-5 < error < 2e-2
 
 
 def test_tuned_schedules_name_the_dispatched_isas_tuning():

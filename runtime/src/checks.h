@@ -75,6 +75,13 @@ inline void check_dtype(const char *name, DType dtype) {
     }
 }
 
+inline void check_dtype(const char *name, CacheDType dtype) {
+    if (std::find(contract::kCacheDTypes.begin(), contract::kCacheDTypes.end(), dtype) ==
+        contract::kCacheDTypes.end()) {
+        throw Error(fmt::format("{} {} is none of f32, bf16, f16 and int8", name, int(dtype)));
+    }
+}
+
 // `expected`: any container of extents (an std::array allocates nothing).
 template <typename T, typename Shape>
 void check_tensor(const char *name, const TensorView<T> &t, const Shape &expected) {

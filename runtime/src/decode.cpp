@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <limits>
 #include <optional>
 
 #include "attention_params.h"
@@ -25,11 +27,11 @@ namespace detail {
 // A cache's memory: keys in tiles of kCacheKeyTile, each tile's features one after another with
 // its keys innermost (jj, c, tile, h, b), so that a new token's scores read keys contiguously and
 // a tile is one run of memory; values (c, j, h, b); each row's keys padded to a whole number of
-// tiles, each key's values to one of kCacheValueFeatures; elements of `dtype`; the rotation of
-// its steps, if any.
+// tiles, each key's values to one of kCacheValueFeatures; elements of `dtype` (int8: with a key
+// and a value scale per token and head, (j, h, b)); the rotation of its steps, if any.
 struct KvCacheStorage {
     KvCacheStorage(std::shared_ptr<const PackedWeights> module, int64_t batch, int64_t capacity,
-                   int64_t heads, int64_t head_dim, DType dtype,
+                   int64_t heads, int64_t head_dim, CacheDType dtype,
                    const std::optional<RotaryOptions> &rotary_options)
         : module(std::move(module)),
           batch(batch),
@@ -41,6 +43,8 @@ struct KvCacheStorage {
           dtype(dtype),
           keys(size_t(batch * heads * head_dim * padded_capacity * element_bytes(dtype))),
           values(size_t(batch * heads * value_features * padded_capacity * element_bytes(dtype))),
+          key_scales(dtype == CacheDType::int8 ? size_t(batch * heads * padded_capacity) : 0),
+          value_scales(key_scales.size()),
           lengths(batch, 0),
           cached_lengths(batch),
           new_counts(batch) {
@@ -51,8 +55,9 @@ struct KvCacheStorage {
 
     std::shared_ptr<const PackedWeights> module;  // the weights it was made for
     int64_t batch, capacity, padded_capacity, heads, head_dim, value_features;
-    DType dtype;
+    CacheDType dtype;
     std::vector<std::byte> keys, values;  // zeroed: whole key tiles read no garbage
+    std::vector<float> key_scales, value_scales;
     std::vector<int64_t> lengths;
     // A step's scratch: the new tokens' projections [B, n, P + 2 Pkv], grown to the largest n;
     // each row's cached and new token counts; the key-padding mask over the padded capacity.
@@ -76,8 +81,36 @@ const CompiledKernel &decode_kernel(const contract::KernelVariant &variant, int6
     return *kernel;
 }
 
+// One head's n features `x`, stored at out[i · stride] as a cache of T holds them: rounded to T,
+// at scale 1.
+template <typename T>
+float store_head(const float *x, int64_t n, T *out, int64_t stride) {
+    for (int64_t i = 0; i < n; i++) {
+        convert(x + i, out + i * stride, 1);
+    }
+    return 1;
+}
+
+// ... or quantized to int8, symmetrically: the largest |x| maps to 127 (all zeros to 0), and the
+// scale that maps them back returned. A NaN or an infinity among them gives a NaN scale, which the
+// step's outputs then show, as a cache of floats would.
+template <>
+float store_head(const float *x, int64_t n, int8_t *out, int64_t stride) {
+    float largest = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < n; i++) {
+        finite = finite && std::isfinite(x[i]);
+        largest = std::max(largest, std::abs(x[i]));
+    }
+    const float to_int8 = finite && largest > 0 ? 127 / largest : 0;
+    for (int64_t i = 0; i < n; i++) {
+        out[i * stride] = int8_t(std::lrint(x[i] * to_int8));
+    }
+    return finite ? largest / 127 : std::numeric_limits<float>::quiet_NaN();
+}
+
 // The new tokens' keys and values, from their projections `qkv_rows` [B, n, width], written into
-// the cache rows after each row's cached tokens, rounded to the cache's T.
+// the cache rows after each row's cached tokens, as the cache's T holds them.
 template <typename T>
 void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n, int64_t width,
                             int64_t key_offset, int64_t value_offset) {
@@ -90,11 +123,15 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
             const float *row = qkv_rows + (b * n + t) * width;
             const int64_t j = c.lengths[b] + t;
             for (int64_t h = 0; h < H; h++) {
+                const int64_t slot = (b * H + h) * cap + j;
                 T *tile = keys + ((b * H + h) * cap + j / kTile * kTile) * d + j % kTile;
-                for (int64_t f = 0; f < d; f++) {
-                    convert(row + key_offset + h * d + f, tile + f * kTile, 1);
+                const float key_scale = store_head(row + key_offset + h * d, d, tile, kTile);
+                const float value_scale =
+                    store_head(row + value_offset + h * d, d, &values[slot * dv], 1);
+                if (!c.key_scales.empty()) {
+                    c.key_scales[slot] = key_scale;
+                    c.value_scales[slot] = value_scale;
                 }
-                convert(row + value_offset + h * d, &values[((b * H + h) * cap + j) * dv], d);
             }
         }
     }
@@ -191,7 +228,7 @@ KvCache &KvCache::operator=(KvCache &&) noexcept = default;
 
 int64_t KvCache::batch() const { return storage_->batch; }
 int64_t KvCache::capacity() const { return storage_->capacity; }
-DType KvCache::dtype() const { return storage_->dtype; }
+CacheDType KvCache::dtype() const { return storage_->dtype; }
 const std::vector<int64_t> &KvCache::lengths() const { return storage_->lengths; }
 bool KvCache::rotary() const { return storage_->rotary.has_value(); }
 void KvCache::reset() { truncate(0); }
@@ -205,11 +242,12 @@ void KvCache::truncate(int64_t length) {
     }
 }
 
-void MultiHeadAttention::check_decode_cache(DType dtype) const {
+void MultiHeadAttention::check_decode_cache(CacheDType dtype) const {
     detail::check_dtype("dtype", dtype);
-    if (dtype_ != DType::f32 && dtype != dtype_ && dtype != DType::f32) {
-        throw Error(fmt::format("a {} cache for a {} module: it holds {} or f32",
-                                contract::dtype_name(dtype), contract::dtype_name(dtype_),
+    if (dtype_ != DType::f32 && dtype != contract::cache_dtype(dtype_) &&
+        dtype != CacheDType::f32 && dtype != CacheDType::int8) {
+        throw Error(fmt::format("a {} cache for a {} module: it holds {}, f32 or int8",
+                                contract::cache_dtype_name(dtype), contract::dtype_name(dtype_),
                                 contract::dtype_name(dtype_)));
     }
     if (device_ != Device::cpu) {
@@ -224,9 +262,16 @@ void MultiHeadAttention::check_decode_cache(DType dtype) const {
     }
 }
 
-KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity, std::optional<DType> dtype,
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity, DType dtype,
                                        const std::optional<RotaryOptions> &rotary) const {
-    const DType cache_dtype = dtype.value_or(dtype_);
+    detail::check_dtype("dtype", dtype);
+    return make_cache(batch, capacity, contract::cache_dtype(dtype), rotary);
+}
+
+KvCache MultiHeadAttention::make_cache(int64_t batch, int64_t capacity,
+                                       std::optional<CacheDType> dtype,
+                                       const std::optional<RotaryOptions> &rotary) const {
+    const CacheDType cache_dtype = dtype.value_or(contract::cache_dtype(dtype_));
     check_decode_cache(cache_dtype);
     if (rotary) {  // before the cache's memory is taken
         detail::check_rotary(*rotary, head_dim());
@@ -371,17 +416,21 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
             [&](int64_t b) { return c.lengths[b]; }, [&](int64_t b) { return c.new_counts[b]; });
     }
     switch (c.dtype) {
-    case DType::f32:
+    case CacheDType::f32:
         detail::append_keys_and_values<float>(c, c.qkv_rows.data(), n, width, key_offset,
                                               value_offset);
         break;
-    case DType::bf16:
+    case CacheDType::bf16:
         detail::append_keys_and_values<bfloat16>(c, c.qkv_rows.data(), n, width, key_offset,
                                                  value_offset);
         break;
-    case DType::f16:
+    case CacheDType::f16:
         detail::append_keys_and_values<float16>(c, c.qkv_rows.data(), n, width, key_offset,
                                                 value_offset);
+        break;
+    case CacheDType::int8:
+        detail::append_keys_and_values<int8_t>(c, c.qkv_rows.data(), n, width, key_offset,
+                                               value_offset);
         break;
     }
     const int64_t cap = c.padded_capacity;
@@ -423,6 +472,15 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     values[size_t(ArgId::kv_heads)] = &kv_heads;
     values[size_t(ArgId::key_cache)] = key_cache.raw_buffer();
     values[size_t(ArgId::value_cache)] = value_cache.raw_buffer();
+    detail::HostBuffer key_scales, value_scales;
+    if (c.dtype == CacheDType::int8) {
+        key_scales = detail::view_buffer(c.key_scales.data(), halide_type_of<float>(), {B, H, keys},
+                                         {H * cap, cap, 1});
+        value_scales = detail::view_buffer(c.value_scales.data(), halide_type_of<float>(),
+                                           {B, H, keys}, {H * cap, cap, 1});
+        values[size_t(ArgId::key_scales)] = key_scales.raw_buffer();
+        values[size_t(ArgId::value_scales)] = value_scales.raw_buffer();
+    }
     values[size_t(ArgId::cached_lengths)] = cached.raw_buffer();
     values[size_t(ArgId::new_counts)] = counts.raw_buffer();
     int32_t split_keys = int32_t(detail::split_keys(B * H, keys, detail::pool_threads()));
@@ -480,7 +538,7 @@ template <typename T>
 void MultiHeadAttention::decode_f32(const Tensor &tokens, const PagedDecodeCache<T> &cache,
                                     const MutableTensor &output) const {
     using contract::ArgId;
-    check_decode_cache(detail::dtype_of<T>());
+    check_decode_cache(contract::cache_dtype(detail::dtype_of<T>()));
     detail::check_view("tokens", tokens, 3, "[batch, 1, embed_dim]");
     const int64_t B = tokens.shape[0], E = embed_dim_, H = num_heads_, d = head_dim();
     const int64_t Hkv = num_kv_heads(), P = packed_->padded, Pkv = packed_->padded_kv;

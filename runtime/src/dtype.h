@@ -22,6 +22,9 @@ namespace mha::detail {
 inline int64_t element_bytes(DType dtype) {
     return contract::halide_type(contract::element_type(dtype)).bytes();
 }
+inline int64_t element_bytes(CacheDType dtype) {
+    return contract::halide_type(contract::element_type(dtype)).bytes();
+}
 
 template <typename T>
 constexpr DType dtype_of();

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "allocation_counter.h"
@@ -28,18 +31,20 @@ constexpr double kTolerance = 1e-5;
 // cache's output by 1.7e-3. Exact projections leave no such keys (DecodeCache).
 double tolerance(const mha::KvCache &cache) {
     switch (cache.dtype()) {
-    case mha::DType::bf16:
+    case mha::CacheDType::bf16:
         return 4e-3;
-    case mha::DType::f16:
+    case mha::CacheDType::f16:
         return 5e-4;
+    case mha::CacheDType::int8:  // one flip is a 127th of the head's largest |x|
+        return 5e-3;
     default:
         return kTolerance;
     }
 }
 
-// The caches that modules of the suite's dtype hold: f32 and their own dtype (an f32 module's,
-// every dtype).
-std::vector<mha::DType> cache_dtypes() {
+// The element types of the paged caches that modules of the suite's dtype hold: f32 and their
+// own dtype (an f32 module's, every dtype).
+std::vector<mha::DType> paged_cache_dtypes() {
     const mha::DType dtype = mha::problems::problem_dtype();
     if (dtype == mha::DType::f32) {
         return {mha::contract::kDTypes.begin(), mha::contract::kDTypes.end()};
@@ -47,11 +52,27 @@ std::vector<mha::DType> cache_dtypes() {
     return {mha::DType::f32, dtype};
 }
 
+// Their own caches: those, and int8.
+std::vector<mha::CacheDType> cache_dtypes() {
+    std::vector<mha::CacheDType> dtypes;
+    for (mha::DType dtype : paged_cache_dtypes()) {
+        dtypes.push_back(mha::contract::cache_dtype(dtype));
+    }
+    dtypes.push_back(mha::CacheDType::int8);
+    return dtypes;
+}
+
 // A test name of a (case, cache dtype) parameter: "<case>_<dtype>_cache".
 template <typename Info>
 std::string case_and_cache_dtype(const Info &info) {
-    return std::string(std::get<0>(info.param).name) + "_" +
-           std::string(mha::contract::dtype_name(std::get<1>(info.param))) + "_cache";
+    const auto dtype = std::get<1>(info.param);
+    std::string_view name;
+    if constexpr (std::is_same_v<decltype(dtype), const mha::DType>) {
+        name = mha::contract::dtype_name(dtype);
+    } else {
+        name = mha::contract::cache_dtype_name(dtype);
+    }
+    return std::string(std::get<0>(info.param).name) + "_" + std::string(name) + "_cache";
 }
 
 std::vector<float> random_tokens(int64_t count, int64_t E, uint64_t seed) {
@@ -88,7 +109,7 @@ public:
     // kv_heads: key/value heads (0: as many as heads); the cache in `cache_dtype` (none: the
     // module's), its steps rotating queries and keys by `rotary`.
     Decoder(int64_t batch, int64_t embed_dim, int64_t heads, int64_t capacity, int64_t kv_heads = 0,
-            std::optional<mha::DType> cache_dtype = std::nullopt,
+            std::optional<mha::CacheDType> cache_dtype = std::nullopt,
             const std::optional<mha::RotaryOptions> &rotary = std::nullopt)
         : E_(embed_dim),
           H_(heads),
@@ -186,10 +207,10 @@ const DecodeCase kDecodeCases[] = {
 };
 
 // Each case with each cache its module holds.
-class DecodeSteps : public ::testing::TestWithParam<std::tuple<DecodeCase, mha::DType>> {
+class DecodeSteps : public ::testing::TestWithParam<std::tuple<DecodeCase, mha::CacheDType>> {
 protected:
     const DecodeCase &c = std::get<0>(GetParam());
-    const mha::DType cache_dtype = std::get<1>(GetParam());
+    const mha::CacheDType cache_dtype = std::get<1>(GetParam());
 };
 
 TEST_P(DecodeSteps, EveryStepMatchesTheWholeSequence) {
@@ -279,8 +300,8 @@ protected:
 TEST_P(DecodeSplits, EveryThreadCountMatchesTheReference) {
     const auto &[c, threads] = GetParam();
     mha::set_num_threads(threads);
-    for (mha::DType cache_dtype : cache_dtypes()) {
-        SCOPED_TRACE(mha::contract::dtype_name(cache_dtype));
+    for (mha::CacheDType cache_dtype : cache_dtypes()) {
+        SCOPED_TRACE(mha::contract::cache_dtype_name(cache_dtype));
         Decoder decoder(c.batch, c.embed_dim, c.heads, c.capacity, c.kv_heads, cache_dtype);
         std::vector<uint8_t> keep(c.batch * c.capacity, 1);
         std::mt19937_64 rng(mha::testing::next_seed());
@@ -332,11 +353,11 @@ TEST(DecodeCache, SixteenBitCachesHoldTheKeysAndValuesRounded) {
     const auto module = mha::problems::make_module(weights);
     std::vector<float> tokens = random_tokens(T, E, mha::testing::next_seed());
     to_grid(tokens, 6);
-    for (mha::DType dtype : cache_dtypes()) {
-        if (dtype == mha::DType::f32) {
+    for (mha::CacheDType dtype : cache_dtypes()) {
+        if (dtype == mha::CacheDType::f32 || dtype == mha::CacheDType::int8) {
             continue;
         }
-        SCOPED_TRACE(mha::contract::dtype_name(dtype));
+        SCOPED_TRACE(mha::contract::cache_dtype_name(dtype));
         mha::KvCache cache = module.make_cache(1, T, dtype);
         std::vector<float> outputs(T * E);
         int64_t done = 0;
@@ -354,6 +375,29 @@ TEST(DecodeCache, SixteenBitCachesHoldTheKeysAndValuesRounded) {
                       outputs, mha::reference::decode_outputs(weights, tokens, T, {})),
                   5 * kTolerance);
     }
+}
+
+// An int8 cache holds each token's key and value heads quantized, one scale each: at a model's
+// width, over a prompt and steps, the outputs stay within 2e-2 (relative L2) of those of exact
+// keys and values, and differ from them by more than f32 arithmetic does.
+TEST(DecodeCache, Int8CachesStayNearTheExactOutputs) {
+    constexpr int64_t T = 70, E = 256;
+    const Problem weights =
+        mha::problems::random_problem({1, 1, 1, E, 4}, mha::testing::next_seed(), false, 0, 0, 2);
+    const auto module = mha::problems::make_module(weights);
+    const std::vector<float> tokens = random_tokens(T, E, mha::testing::next_seed());
+    mha::KvCache cache = module.make_cache(1, T, mha::CacheDType::int8);
+    std::vector<float> outputs(T * E);
+    int64_t done = 0;
+    for (int64_t n : {67, 1, 2}) {
+        module.decode({tokens.data() + done * E, {1, n, E}}, cache,
+                      {outputs.data() + done * E, {1, n, E}});
+        done += n;
+    }
+    const double error =
+        mha::reference::relative_l2(outputs, mha::reference::decode_outputs(weights, tokens, T));
+    EXPECT_LT(error, 2e-2);
+    EXPECT_GT(error, 5 * kTolerance);
 }
 
 TEST(DecodeCapacity, AStepThatDoesNotFitChangesNothing) {
@@ -416,13 +460,19 @@ TEST(DecodeErrors, BadArgumentsNameThemselves) {
     } catch (const mha::Error &e) {
         EXPECT_STREQ(e.what(), "dtype 9 is none of f32, bf16 and f16");
     }
+    try {
+        decoder.module().make_cache(1, 4, mha::CacheDType(9));
+        ADD_FAILURE() << "no error";
+    } catch (const mha::Error &e) {
+        EXPECT_STREQ(e.what(), "dtype 9 is none of f32, bf16, f16 and int8");
+    }
     Problem bf16 = mha::problems::random_problem({1, 1, 1, 12, 3}, mha::testing::next_seed());
     bf16.dtype = mha::DType::bf16;
     try {
         mha::problems::make_module(bf16).make_cache(1, 4, mha::DType::f16);
         ADD_FAILURE() << "no error";
     } catch (const mha::Error &e) {
-        EXPECT_STREQ(e.what(), "a f16 cache for a bf16 module: it holds bf16 or f32");
+        EXPECT_STREQ(e.what(), "a f16 cache for a bf16 module: it holds bf16, f32 or int8");
     }
 }
 
@@ -482,7 +532,8 @@ mha::RotaryOptions rotary_options(const RotaryDecodeCase &c, const RotaryTables 
     return options;
 }
 
-class DecodeRotary : public ::testing::TestWithParam<std::tuple<RotaryDecodeCase, mha::DType>> {};
+class DecodeRotary
+    : public ::testing::TestWithParam<std::tuple<RotaryDecodeCase, mha::CacheDType>> {};
 
 // Prompts of different lengths, then steps of one token and of none (padding rows): every output
 // against the reference that rotates the whole sequence's queries and keys at their positions.
@@ -648,8 +699,9 @@ public:
                 continue;
             }
             EXPECT_LT(mha::reference::relative_l2(
-                          got, mha::reference::decode_outputs(weights_, sequences_[size_t(b)], 1,
-                                                              {}, mha::detail::dtype_of<T>())),
+                          got, mha::reference::decode_outputs(
+                                   weights_, sequences_[size_t(b)], 1, {},
+                                   mha::contract::cache_dtype(mha::detail::dtype_of<T>()))),
                       paged_tolerance(mha::detail::dtype_of<T>()));
         }
     }
@@ -721,13 +773,14 @@ TEST_P(PagedModuleDecode, EveryStepMatchesItsSequence) {
 
 INSTANTIATE_TEST_SUITE_P(
     Awkward, PagedModuleDecode,
-    ::testing::Combine(::testing::ValuesIn(kPagedModuleCases), ::testing::ValuesIn(cache_dtypes())),
+    ::testing::Combine(::testing::ValuesIn(kPagedModuleCases),
+                       ::testing::ValuesIn(paged_cache_dtypes())),
     case_and_cache_dtype<::testing::TestParamInfo<PagedModuleDecode::ParamType>>);
 
 // With a rotation, each new token's query and key rotated at its position (its sequence's
 // length - 1) before the key is written: every output against the rotated reference.
 TEST(PagedModuleDecodeRotary, EveryStepMatchesItsRotatedSequence) {
-    for (const mha::DType cache_dtype : cache_dtypes()) {
+    for (const mha::DType cache_dtype : paged_cache_dtypes()) {
         SCOPED_TRACE(mha::contract::dtype_name(cache_dtype));
         with_element_type(cache_dtype, [&](auto element) {
             const RotaryTables tables(64, 3, mha::testing::next_seed());

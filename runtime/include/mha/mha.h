@@ -163,8 +163,8 @@ struct PagedDecodeCache;
 // The keys and values of the tokens a decoder has seen, already projected and split into heads,
 // so that a decode step projects only its new tokens (MultiHeadAttention::decode). Made by a
 // module (make_cache) for `batch` rows of up to `capacity` tokens each, all allocated at once,
-// in f32, bf16 or f16, its keys rotated or not (RotaryOptions); owned by the caller; used with
-// that module only.
+// in f32, bf16, f16 or int8, its keys rotated or not (RotaryOptions); owned by the caller; used
+// with that module only.
 class KvCache {
 public:
     ~KvCache();
@@ -174,7 +174,7 @@ public:
     int64_t batch() const;
     int64_t capacity() const;
     // What the keys and values are stored in.
-    DType dtype() const;
+    CacheDType dtype() const;
     // Tokens cached in each batch row.
     const std::vector<int64_t> &lengths() const;
     // Whether a step rotates its new tokens' queries and keys (make_cache's `rotary`).
@@ -261,14 +261,19 @@ public:
 
     // A cache for decode steps of this (CPU) module, whose kdim and vdim are E: `batch` rows of
     // up to `capacity` tokens, whose keys and values are stored in `dtype`: the module's (when
-    // none is given) or f32, or for an f32 module any. Each key and value is rounded to it once,
-    // as it is appended, and read widened to f32. A 16-bit cache halves the bytes a step reads,
-    // as a 16-bit module's steps read its weights in 16 bits. With `rotary`, each step rotates
-    // its new tokens' queries and keys at their positions (the row's cached tokens before them
-    // count from 0) after their projection, before the keys are stored or any query reads them,
-    // as an LLM's attention does (Llama: rotate_half, theta from its config); the cache copies
-    // the options' tables. Bad options raise mha::Error here.
-    KvCache make_cache(int64_t batch, int64_t capacity, std::optional<DType> dtype = std::nullopt,
+    // none is given), f32 or int8, or for an f32 module any. Each key and value is rounded to it
+    // once, as it is appended, and read widened to f32. A 16-bit cache halves the bytes a step
+    // reads, as a 16-bit module's steps read its weights in 16 bits; an int8 one quarters them,
+    // its scales adding 8 bytes per token and head (CacheDType::int8). With `rotary`, each step
+    // rotates its new tokens' queries and keys at their positions (the row's cached tokens
+    // before them count from 0) after their projection, before the keys are stored or any query
+    // reads them, as an LLM's attention does (Llama: rotate_half, theta from its config); the
+    // cache copies the options' tables. Bad options raise mha::Error here.
+    KvCache make_cache(int64_t batch, int64_t capacity,
+                       std::optional<CacheDType> dtype = std::nullopt,
+                       const std::optional<RotaryOptions> &rotary = std::nullopt) const;
+    // The same, its elements those of a DType.
+    KvCache make_cache(int64_t batch, int64_t capacity, DType dtype,
                        const std::optional<RotaryOptions> &rotary = std::nullopt) const;
 
     // One decode step of self-attention (query = key = value). `tokens` [B, n, E] are appended
@@ -343,8 +348,8 @@ private:
     void decode_converted(const TensorView<const In> &tokens, Cache &cache,
                           const TensorView<Out> &output, const Step &...step) const;
     // That this module has decode steps (a CPU one, kdim = vdim = E) and that their cache may
-    // hold `dtype` (f32 or the module's; any for an f32 module).
-    void check_decode_cache(DType dtype) const;
+    // hold `dtype` (f32, int8 or the module's; any for an f32 module).
+    void check_decode_cache(CacheDType dtype) const;
     int64_t embed_dim_;
     int64_t num_heads_;
     Device device_;

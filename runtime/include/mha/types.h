@@ -17,6 +17,11 @@ enum class Device {
 // f16 IEEE binary16.
 enum class DType { f32, bf16, f16 };
 
+// What a decode step's KV cache stores its keys and values in: a DType's elements, or int8 with
+// one f32 scale per token and key/value head (symmetric: the head's largest |x| maps to 127),
+// which the kernels fold into each score and each softmax weight.
+enum class CacheDType { f32, bf16, f16, int8 };
+
 // The two byte-mask conventions of the seeds.
 enum class MaskConvention {
     keep,   // 0 = blocked, nonzero = attend (PyTorch article: masked_fill(mask == 0, -1e9))

@@ -53,6 +53,35 @@ struct KvCacheStorage {
         }
     }
 
+    // Where appending writes and the kernels read, in elements: token j of head h in row b has
+    // its value at slot · value_features, its scales at slot, and its key's feature f at
+    // key_index + f · kCacheKeyTile (key_view's layout).
+    int64_t slot(int64_t b, int64_t h, int64_t j) const {
+        return (b * heads + h) * padded_capacity + j;
+    }
+    int64_t key_index(int64_t b, int64_t h, int64_t j) const {
+        constexpr int64_t kTile = contract::kCacheKeyTile;
+        return (slot(b, h, j) - j % kTile) * head_dim + j % kTile;
+    }
+    // The kernels' views of every row's first `count` keys (whole tiles): keys (jj, c, tile, h,
+    // b), values (c, j, h, b), an int8 cache's scales (j, h, b).
+    HostBuffer key_view(int64_t count) {
+        constexpr int64_t kTile = contract::kCacheKeyTile;
+        const int64_t d = head_dim, cap = padded_capacity;
+        return view_buffer(keys.data(), element(), {batch, heads, count / kTile, d, kTile},
+                           {heads * d * cap, d * cap, d * kTile, kTile, 1});
+    }
+    HostBuffer value_view(int64_t count) {
+        const int64_t dv = value_features, cap = padded_capacity;
+        return view_buffer(values.data(), element(), {batch, heads, count, dv},
+                           {heads * cap * dv, cap * dv, dv, 1});
+    }
+    HostBuffer scales_view(std::vector<float> &scales, int64_t count) const {
+        return view_buffer(scales.data(), halide_type_of<float>(), {batch, heads, count},
+                           {heads * padded_capacity, padded_capacity, 1});
+    }
+    halide_type_t element() const { return contract::halide_type(contract::element_type(dtype)); }
+
     std::shared_ptr<const PackedWeights> module;  // the weights it was made for
     int64_t batch, capacity, padded_capacity, heads, head_dim, value_features;
     CacheDType dtype;
@@ -116,18 +145,18 @@ void append_keys_and_values(KvCacheStorage &c, const float *qkv_rows, int64_t n,
                             int64_t key_offset, int64_t value_offset) {
     T *keys = reinterpret_cast<T *>(c.keys.data());
     T *values = reinterpret_cast<T *>(c.values.data());
-    const int64_t H = c.heads, d = c.head_dim, dv = c.value_features, cap = c.padded_capacity;
-    constexpr int64_t kTile = contract::kCacheKeyTile;
+    const int64_t d = c.head_dim;
     for (int64_t b = 0; b < c.batch; b++) {
         for (int64_t t = 0; t < c.new_counts[b]; t++) {
             const float *row = qkv_rows + (b * n + t) * width;
             const int64_t j = c.lengths[b] + t;
-            for (int64_t h = 0; h < H; h++) {
-                const int64_t slot = (b * H + h) * cap + j;
-                T *tile = keys + ((b * H + h) * cap + j / kTile * kTile) * d + j % kTile;
-                const float key_scale = store_head(row + key_offset + h * d, d, tile, kTile);
+            for (int64_t h = 0; h < c.heads; h++) {
+                const int64_t slot = c.slot(b, h, j);
+                const float key_scale =
+                    store_head(row + key_offset + h * d, d, keys + c.key_index(b, h, j),
+                               contract::kCacheKeyTile);
                 const float value_scale =
-                    store_head(row + value_offset + h * d, d, &values[slot * dv], 1);
+                    store_head(row + value_offset + h * d, d, values + slot * c.value_features, 1);
                 if (!c.key_scales.empty()) {
                     c.key_scales[slot] = key_scale;
                     c.value_scales[slot] = value_scale;
@@ -433,7 +462,6 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
                                                value_offset);
         break;
     }
-    const int64_t cap = c.padded_capacity;
     int64_t longest = 0;
     for (int64_t b = 0; b < B; b++) {
         longest = std::max(longest, c.lengths[b] + c.new_counts[b]);
@@ -442,14 +470,7 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     // Attention over the cache, read up to the longest row in whole key tiles.
     const int64_t keys = std::max<int64_t>(contract::kCacheKeyTile,
                                            contract::round_up(longest, contract::kCacheKeyTile));
-    const halide_type_t element = contract::halide_type(contract::element_type(c.dtype));
-    constexpr int64_t kTile = contract::kCacheKeyTile;
-    detail::HostBuffer key_cache =
-        detail::view_buffer(c.keys.data(), element, {B, H, keys / kTile, d, kTile},
-                            {H * d * cap, d * cap, d * kTile, kTile, 1});
-    const int64_t dv = c.value_features;
-    detail::HostBuffer value_cache = detail::view_buffer(c.values.data(), element, {B, H, keys, dv},
-                                                         {H * cap * dv, cap * dv, dv, 1});
+    detail::HostBuffer key_cache = c.key_view(keys), value_cache = c.value_view(keys);
     detail::HostBuffer cached =
         detail::view_buffer(c.cached_lengths.data(), halide_type_of<int32_t>(), {B}, {1});
     detail::HostBuffer counts =
@@ -474,10 +495,8 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     values[size_t(ArgId::value_cache)] = value_cache.raw_buffer();
     detail::HostBuffer key_scales, value_scales;
     if (c.dtype == CacheDType::int8) {
-        key_scales = detail::view_buffer(c.key_scales.data(), halide_type_of<float>(), {B, H, keys},
-                                         {H * cap, cap, 1});
-        value_scales = detail::view_buffer(c.value_scales.data(), halide_type_of<float>(),
-                                           {B, H, keys}, {H * cap, cap, 1});
+        key_scales = c.scales_view(c.key_scales, keys);
+        value_scales = c.scales_view(c.value_scales, keys);
         values[size_t(ArgId::key_scales)] = key_scales.raw_buffer();
         values[size_t(ArgId::value_scales)] = value_scales.raw_buffer();
     }
@@ -488,7 +507,7 @@ void MultiHeadAttention::decode_f32(const Tensor &tokens, KvCache &cache,
     values[size_t(ArgId::output)] = out.raw_buffer();
     if (key_padding) {
         mask = detail::view_buffer(c.cache_mask.data(), halide_type_of<uint8_t>(), {B, keys},
-                                   {cap, 1});
+                                   {c.padded_capacity, 1});
         values[size_t(ArgId::cache_mask)] = mask.raw_buffer();
         values[size_t(ArgId::mask_blocks_nonzero)] = &blocks_nonzero;
     }

@@ -49,8 +49,6 @@ def rotary_embedding(query: Tensor, key: Tensor, positions: Tensor, *, interleav
     _check("query", query, query.dtype)
     _check("key", key, query.dtype)
     _check("positions", positions, torch.int64)
-    for name, table in (("cos", cos), ("sin", sin)):
-        if table is not None:
-            _check(name, table, torch.float32)
-    _rotary_op(query, key, positions, bool(interleaved),
-               0 if rotary_dim is None else int(rotary_dim), float(theta), cos, sin)
+    rotary_dim, interleaved, theta, cos, sin = _rotation_args(
+        Rotary(interleaved, rotary_dim, theta, cos, sin), prefix="")
+    _rotary_op(query, key, positions, interleaved, rotary_dim, theta, cos, sin)

@@ -44,21 +44,21 @@ class Rotary(NamedTuple):
 _NO_ROTATION = (-1, False, 0.0, None, None)
 
 
-def _rotation_args(rotary: Optional[Rotary]):
+def _rotation_args(rotary: Optional[Rotary], prefix: str = "rotary."):
     """A rotation as the ops take it: (rotary_dim, interleaved, theta, cos, sin), rotary_dim -1
-    without one (0: all features)."""
+    without one (0: all features); errors name its fields after `prefix`."""
     if rotary is None:
         return _NO_ROTATION
     if not isinstance(rotary, Rotary):
         raise TypeError(f"rotary is {type(rotary).__name__}: give an mha.Rotary")
     for name, table in (("cos", rotary.cos), ("sin", rotary.sin)):
         if table is not None and not table.is_cpu:
-            raise ValueError(f"rotary.{name} is on {table.device}: mha runs on the CPU")
+            raise ValueError(f"{prefix}{name} is on {table.device}: mha runs on the CPU")
         if table is not None and table.dtype != torch.float32:
-            raise TypeError(f"rotary.{name} is {table.dtype}: it must be torch.float32")
+            raise TypeError(f"{prefix}{name} is {table.dtype}: it must be torch.float32")
     rotary_dim = 0 if rotary.rotary_dim is None else int(rotary.rotary_dim)
     if rotary_dim < 0:
-        raise _mha.Error(f"rotary.rotary_dim is {rotary_dim}: give the rotated features (even), "
+        raise _mha.Error(f"{prefix}rotary_dim is {rotary_dim}: give the rotated features (even), "
                          f"or None for all")
     return (rotary_dim, bool(rotary.interleaved), float(rotary.theta), rotary.cos, rotary.sin)
 

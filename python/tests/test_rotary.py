@@ -72,6 +72,10 @@ def test_tables_give_the_angles(seed):
     with pytest.raises(mha.Error, match=r"positions\[\d+\] is 64: the tables have positions 0 to"):
         mha.rotary_embedding(q, k, torch.full((T,), 64), cos=cos[:, :d // 2].contiguous(),
                              sin=sin[:, :d // 2].contiguous())
+    with pytest.raises(TypeError, match=r"^cos is torch.float64: it must be torch.float32"):
+        mha.rotary_embedding(q, k, positions, cos=cos[:, :d // 2].double(), sin=sin[:, :d // 2])
+    with pytest.raises(ValueError, match=r"^sin is on meta: mha runs on the CPU"):
+        mha.rotary_embedding(q, k, positions, cos=cos[:, :d // 2], sin=sin.to("meta"))
 
 
 def test_compile_fullgraph(seed):

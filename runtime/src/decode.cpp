@@ -131,9 +131,10 @@ float store_head(const float *x, int64_t n, int8_t *out, int64_t stride) {
         finite = finite && std::isfinite(x[i]);
         largest = std::max(largest, std::abs(x[i]));
     }
-    const float to_int8 = finite && largest > 0 ? 127 / largest : 0;
+    // In double, as the reference quantizes: 127 / largest overflows f32 for the tiniest heads.
     for (int64_t i = 0; i < n; i++) {
-        out[i * stride] = int8_t(std::lrint(x[i] * to_int8));
+        out[i * stride] =
+            finite && largest > 0 ? int8_t(std::nearbyint(double(x[i]) * 127 / largest)) : 0;
     }
     return finite ? largest / 127 : std::numeric_limits<float>::quiet_NaN();
 }

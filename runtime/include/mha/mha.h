@@ -261,10 +261,11 @@ public:
 
     // A cache for decode steps of this (CPU) module, whose kdim and vdim are E: `batch` rows of
     // up to `capacity` tokens, whose keys and values are stored in `dtype`: the module's (when
-    // none is given), f32 or int8, or for an f32 module any. Each key and value is rounded to it
-    // once, as it is appended, and read widened to f32. A 16-bit cache halves the bytes a step
-    // reads, as a 16-bit module's steps read its weights in 16 bits; an int8 one quarters them,
-    // its scales adding 8 bytes per token and head (CacheDType::int8). With `rotary`, each step
+    // none is given), f32 or int8, or for an f32 module any. Each key and value is stored once,
+    // as it is appended (rounded to a 16-bit type; quantized with a scale per token and key/value
+    // head in int8, CacheDType::int8), and read widened to f32. A 16-bit cache halves the bytes a
+    // step reads, as a 16-bit module's steps read its weights in 16 bits; an int8 one quarters
+    // them, its scales adding 8 bytes per token and key/value head. With `rotary`, each step
     // rotates its new tokens' queries and keys at their positions (the row's cached tokens
     // before them count from 0) after their projection, before the keys are stored or any query
     // reads them, as an LLM's attention does (Llama: rotate_half, theta from its config); the

@@ -500,8 +500,7 @@ NB_MODULE(_mha, m) {
             nb::arg("rotary").none() = nb::none(),
             "A cache of `batch` rows of up to `capacity` tokens, its keys and values in `dtype` "
             "(f32, bf16, f16, int8; the module's by default); with `rotary` (interleaved, "
-            "rotary_dim, "
-            "theta, cos, sin), its steps rotate their new queries and keys.")
+            "rotary_dim, theta, cos, sin), its steps rotate their new queries and keys.")
         .def(
             "decode",
             [](const mha::MultiHeadAttention &self, const FloatArray &tokens, mha::KvCache &cache,

@@ -114,6 +114,10 @@ const CompiledKernel &decode_kernel(const contract::KernelVariant &variant, int6
 // at scale 1.
 template <typename T>
 float store_head(const float *x, int64_t n, T *out, int64_t stride) {
+    if (stride == 1) {
+        convert(x, out, n);
+        return 1;
+    }
     for (int64_t i = 0; i < n; i++) {
         convert(x + i, out + i * stride, 1);
     }
